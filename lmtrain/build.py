@@ -1,0 +1,37 @@
+"""Build parts from `_target_` configs, passing only the run-time sizes each constructor accepts."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from hydra.utils import get_class, instantiate
+from omegaconf import DictConfig
+from torch import Tensor
+
+
+def accepted(target: str, runtime: dict[str, Any]) -> dict[str, Any]:
+    """The subset of `runtime` kwargs that `target`'s __init__ takes (all of them if it takes **kwargs)."""
+    params = inspect.signature(get_class(target).__init__).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return dict(runtime)
+    return {k: v for k, v in runtime.items() if k in params}
+
+
+def build(cfg: DictConfig, **runtime: Any) -> Any:
+    """instantiate(cfg) with the run-time kwargs its target accepts; config values win over nothing else."""
+    return instantiate(cfg, **accepted(cfg._target_, runtime), _convert_="all")
+
+
+def build_output(cfg: DictConfig, num_classes: int, dim: int, counts: Tensor) -> Any:
+    """The sampler (if the config has one) and then the output strategy that uses it."""
+    runtime: dict[str, Any] = {"num_classes": num_classes, "dim": dim, "counts": counts}
+    sampler_cfg = cfg.get("sampler")
+    if sampler_cfg is not None:
+        target_params = inspect.signature(get_class(cfg.output._target_).__init__).parameters
+        if "sampler" not in target_params:
+            raise ValueError(
+                f"output {cfg.output._target_.rsplit('.', 1)[-1]} takes no sampler; drop the sampler=... override"
+            )
+        runtime["sampler"] = build(sampler_cfg, **runtime)
+    return build(cfg.output, **runtime)

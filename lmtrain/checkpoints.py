@@ -1,0 +1,74 @@
+"""Checkpoint files: atomic writes, `ckpt_path=last` resolution, and readable errors for bad files."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, unreadable, or from an incompatible run."""
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Writes to a temporary file in the same folder, then renames: a kill mid-write keeps the old file."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        with open(tmp, "wb") as f:
+            torch.save(checkpoint, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """Load a checkpoint on the CPU, turning any failure into a one-line CheckpointError."""
+    if not path.is_file():
+        raise CheckpointError(f"ckpt_path {path} does not exist; pass ckpt_path=last or an existing .ckpt file")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:  # torch raises many types for truncated or foreign files
+        message = f"ckpt_path {path} is not a readable lmtrain checkpoint ({type(exc).__name__}: {exc})"
+        raise CheckpointError(message) from exc
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint or "lmtrain" not in checkpoint:
+        raise CheckpointError(f"ckpt_path {path} is not an lmtrain checkpoint (no model state or run metadata)")
+    return checkpoint
+
+
+def check_compatible(checkpoint: dict[str, Any], signature: dict[str, Any], path: Path) -> None:
+    """Refuse to resume a run whose model, output strategy or vocabulary differ from the checkpoint's."""
+    saved = checkpoint["lmtrain"].get("signature", {})
+    diffs = [f"{k}: checkpoint {saved.get(k)!r} vs now {v!r}" for k, v in signature.items() if saved.get(k) != v]
+    if diffs:
+        raise CheckpointError(f"ckpt_path {path} does not match this config ({'; '.join(diffs)})")
+
+
+def find_last(run_dir: Path, search_root: Path, overrides: list[str]) -> Path:
+    """`ckpt_path=last`: this run folder's last.ckpt, else the newest earlier run with the same overrides."""
+    own = run_dir / "checkpoints" / "last.ckpt"
+    if own.is_file():
+        return own
+    wanted = sorted(o for o in overrides if not o.startswith(("ckpt_path=", "hydra.")))
+    candidates = []
+    for ckpt in search_root.glob("**/checkpoints/last.ckpt"):
+        saved = ckpt.parent.parent / ".hydra" / "overrides.yaml"
+        if saved.is_file():
+            previous = sorted(
+                o for o in (yaml.safe_load(saved.read_text()) or []) if not o.startswith(("ckpt_path=", "hydra."))
+            )
+            if previous == wanted:
+                candidates.append(ckpt)
+    if not candidates:
+        raise CheckpointError(
+            f"ckpt_path=last: no last.ckpt in {run_dir} nor in any run under {search_root} with the overrides "
+            f"{wanted}; pass ckpt_path=PATH/TO/last.ckpt"
+        )
+    return max(candidates, key=lambda p: p.stat().st_mtime)

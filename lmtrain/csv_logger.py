@@ -1,0 +1,30 @@
+"""A CSV logger whose metrics.csv survives a resume: new rows are appended, old rows are never deleted."""
+
+from __future__ import annotations
+
+import csv
+
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from lightning.pytorch.loggers.logger import rank_zero_experiment
+
+
+class AppendingExperimentWriter(ExperimentWriter):
+    """Lightning's writer deletes an existing metrics.csv; this one adopts its columns and appends."""
+
+    def _check_log_dir_exists(self) -> None:
+        if self._fs.isfile(self.metrics_file_path):
+            with self._fs.open(self.metrics_file_path, "r", newline="") as f:
+                self.metrics_keys = list(next(csv.reader(f), []))
+
+
+class MetricsCSVLogger(CSVLogger):
+    """CSVLogger writing `save_dir/metrics.csv` (with name="" and version="") and keeping earlier rows."""
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> ExperimentWriter:
+        if self._experiment is None:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = AppendingExperimentWriter(log_dir=self.log_dir)
+        return self._experiment

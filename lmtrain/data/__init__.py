@@ -1,0 +1,26 @@
+"""Data layer: corpora (folders, downloads, synthetic), tokenizer + id cache, TBPTT batching (DESIGN §4)."""
+
+from lmtrain.data.batching import StreamSampler, WindowDataset, batchify, shard_rows
+from lmtrain.data.corpus import Corpus
+from lmtrain.data.datamodule import LMDataModule, SyntheticDataModule, TextDataModule
+from lmtrain.data.errors import DataError
+from lmtrain.data.synthetic import ZipfMarkovSource, synthetic_corpus
+from lmtrain.data.text import HubSource, ensure_corpus
+from lmtrain.data.tokenizer import load_corpus
+
+__all__ = [
+    "Corpus",
+    "DataError",
+    "HubSource",
+    "LMDataModule",
+    "StreamSampler",
+    "SyntheticDataModule",
+    "TextDataModule",
+    "WindowDataset",
+    "ZipfMarkovSource",
+    "batchify",
+    "ensure_corpus",
+    "load_corpus",
+    "shard_rows",
+    "synthetic_corpus",
+]

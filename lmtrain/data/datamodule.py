@@ -1,0 +1,176 @@
+"""Lightning data modules: one base (batching, loaders, DDP row sharding) and two corpus sources."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import lightning as L
+import torch
+from hydra.utils import to_absolute_path
+from torch import Tensor
+from torch.utils.data import DataLoader
+
+from lmtrain.data.batching import StreamSampler, WindowDataset, batchify, shard_rows
+from lmtrain.data.corpus import Corpus
+from lmtrain.data.errors import DataError
+from lmtrain.data.synthetic import synthetic_corpus
+from lmtrain.data.text import ensure_corpus, hub_source
+from lmtrain.data.tokenizer import load_corpus
+
+
+class LMDataModule(L.LightningDataModule):
+    """TBPTT data for language modelling; subclasses only say how to load the :class:`Corpus`.
+
+    After ``setup()`` (idempotent, also usable before a Trainer exists): ``num_classes``, ``vocab``,
+    ``counts``, ``entropy_rate``, ``train_ids``/``valid_ids``/``test_ids``, ``num_train_windows`` and
+    ``train_sampler`` (``set_start(window)`` resumes mid-epoch). Loaders yield (inputs, targets) of
+    shape (B, T) in stream order. Under DDP (``trainer.world_size > 1``) each rank keeps its
+    contiguous block of the global batch's rows, so N ranks together see what one process sees.
+    """
+
+    def __init__(self, batch_size: int = 20, bptt: int = 35, eval_batch_size: int = 10) -> None:
+        super().__init__()
+        for key, value in (("batch_size", batch_size), ("bptt", bptt), ("eval_batch_size", eval_batch_size)):
+            if int(value) < 1:
+                raise DataError(f"data.{key} is {value}: set it to a positive integer.")
+        self.batch_size, self.bptt, self.eval_batch_size = int(batch_size), int(bptt), int(eval_batch_size)
+        self.corpus: Corpus | None = None
+        self.train_sampler: StreamSampler | None = None
+        self.num_train_windows = 0
+
+    def load_corpus(self) -> Corpus:
+        """Load (or generate) the tokenized corpus; implemented by each source."""
+        raise NotImplementedError
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.corpus is not None:
+            return
+        corpus = self.load_corpus()
+        train_layout = batchify(corpus.train, self.batch_size, "train")  # (B, L): checks the size early
+        self.num_train_windows = len(WindowDataset(train_layout, self.bptt))
+        self.train_sampler = StreamSampler(self.num_train_windows)
+        self.corpus = corpus
+
+    def _loaded(self) -> Corpus:
+        if self.corpus is None:
+            raise RuntimeError("call setup() on the data module before reading its corpus")
+        return self.corpus
+
+    @property
+    def num_classes(self) -> int:
+        return self._loaded().num_classes
+
+    @property
+    def vocab(self) -> list[str]:
+        return self._loaded().vocab
+
+    @property
+    def counts(self) -> Tensor:
+        return self._loaded().counts
+
+    @property
+    def entropy_rate(self) -> float | None:
+        return self._loaded().entropy_rate
+
+    @property
+    def train_ids(self) -> Tensor:
+        return self._loaded().train
+
+    @property
+    def valid_ids(self) -> Tensor:
+        return self._loaded().valid
+
+    @property
+    def test_ids(self) -> Tensor:
+        return self._loaded().test
+
+    def _rank(self) -> tuple[int, int]:
+        trainer = self.trainer
+        if trainer is None or trainer.world_size <= 1:
+            return 0, 1
+        return trainer.global_rank, trainer.world_size
+
+    def _loader(self, ids: Tensor, batch_size: int, split: str, key: str, sampler: StreamSampler | None) -> DataLoader:
+        rank, world_size = self._rank()
+        data = shard_rows(batchify(ids, batch_size, split), rank, world_size, key)  # (B / world, L)
+        dataset = WindowDataset(data, self.bptt)
+        sampler = sampler if sampler is not None else StreamSampler(len(dataset))
+        # its own generator: creating an iterator must not draw from the global RNG (exact resume)
+        return DataLoader(dataset, batch_size=None, sampler=sampler, num_workers=0, generator=torch.Generator())
+
+    def train_dataloader(self) -> DataLoader:
+        self.setup()
+        return self._loader(self.train_ids, self.batch_size, "train", "batch_size", self.train_sampler)
+
+    def val_dataloader(self) -> DataLoader:
+        self.setup()
+        return self._loader(self.valid_ids, self.eval_batch_size, "valid", "eval_batch_size", None)
+
+    def test_dataloader(self) -> DataLoader:
+        self.setup()
+        return self._loader(self.test_ids, self.eval_batch_size, "test", "eval_batch_size", None)
+
+
+class TextDataModule(LMDataModule):
+    """A word-level corpus from ``path`` or ``root/name`` holding train.txt, valid.txt, test.txt.
+
+    Missing files are downloaded when ``hub_dataset`` is set (see :mod:`lmtrain.data.text`); token
+    ids are cached under ``cache_dir`` (``None`` or "" disables the cache). Relative paths are taken
+    from the directory the program was started in.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        root: str = "data",
+        path: str | None = None,
+        cache_dir: str | None = "data/cache",
+        batch_size: int = 20,
+        bptt: int = 35,
+        eval_batch_size: int = 10,
+        hub_dataset: str | None = None,
+        hub_config: str | None = None,
+        hub_data_files: Mapping[str, str] | None = None,
+        hub_field: str = "text",
+    ) -> None:
+        super().__init__(batch_size, bptt, eval_batch_size)
+        self.name = name
+        self.folder = Path(to_absolute_path(str(path))) if path else Path(to_absolute_path(str(root))) / name
+        self.cache_dir = Path(to_absolute_path(str(cache_dir))) if cache_dir else None
+        self.source = hub_source(hub_dataset, hub_config, hub_data_files, hub_field)
+
+    def load_corpus(self) -> Corpus:
+        paths = ensure_corpus(self.folder, self.name, self.source, self.cache_dir)
+        return load_corpus(self.name, paths, self.cache_dir)
+
+
+class SyntheticDataModule(LMDataModule):
+    """Tokens from a seeded Zipf-Markov source (:mod:`lmtrain.data.synthetic`); exact ``entropy_rate``.
+
+    Generated in memory on every setup (well under a second); ``cache_dir`` is accepted, like in every
+    data config, and unused.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int = 100,
+        train_tokens: int = 200_000,
+        valid_tokens: int = 20_000,
+        test_tokens: int = 20_000,
+        zipf_s: float = 1.0,
+        mix: float = 0.3,
+        seed: int = 0,
+        batch_size: int = 32,
+        bptt: int = 35,
+        eval_batch_size: int = 10,
+        name: str = "synthetic",
+        cache_dir: str | None = None,
+    ) -> None:
+        super().__init__(batch_size, bptt, eval_batch_size)
+        self.name = name
+        self.options = dict(vocab_size=vocab_size, train_tokens=train_tokens, valid_tokens=valid_tokens,
+                            test_tokens=test_tokens, zipf_s=zipf_s, mix=mix, seed=seed)  # fmt: skip
+
+    def load_corpus(self) -> Corpus:
+        return synthetic_corpus(**self.options)

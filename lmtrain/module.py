@@ -1,0 +1,232 @@
+"""The LightningModule: TBPTT with a carried state, exact evaluation, sparse-aware optimisation."""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from lmtrain.model import State
+from lmtrain.optim import build_optimizer, clip_grad_norm
+from lmtrain.output import OutputLayer
+from lmtrain.schedule import build_scheduler
+
+
+class NonFiniteLossError(RuntimeError):
+    """Training produced a NaN or infinite loss; raised before the bad step touches the weights."""
+
+
+class LanguageModel(L.LightningModule):
+    """An encoder (tokens -> hidden) and an output strategy (hidden -> loss / exact log-prob).
+
+    The LSTM state is carried across the windows of an epoch and detached (truncated BPTT); it is saved in
+    checkpoints together with the data position and RNG states, so a resumed run continues exactly.
+    """
+
+    def __init__(
+        self, encoder: nn.Module, output: OutputLayer, optim: dict[str, Any], loss_reduction: str = "mean"
+    ) -> None:
+        super().__init__()
+        if loss_reduction not in ("mean", "sum"):
+            raise ValueError(f"loss_reduction must be 'mean' or 'sum' (over time steps), got {loss_reduction!r}")
+        self.encoder, self.output = encoder, output
+        self.optim = dict(optim)
+        self.loss_reduction = loss_reduction
+        self._state: dict[str, State | None] = {"train": None, "val": None, "test": None}
+        self._eval_sums: Tensor = torch.zeros(2, dtype=torch.float64)  # (sum of -log p, token count)
+        self._batches_done = 0  # training windows finished in the current epoch
+        self._continue_epoch = False
+        self._restore_rng: dict[str, Any] | None = None
+        self._clock: float | None = None
+
+    # --- one window ----------------------------------------------------------------------------
+    def _hidden(self, inputs: Tensor, split: str) -> Tensor:
+        state = self._state[split]
+        if state is not None and state[0].shape[1] != inputs.shape[0]:
+            state = None  # a different batch layout (e.g. after resuming with another batch size)
+        hidden, state = self.encoder(inputs, state)  # (B, T, d)
+        self._state[split] = (state[0].detach(), state[1].detach())
+        return hidden.reshape(-1, hidden.shape[-1])  # (B*T, d)
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        inputs, targets = batch
+        loss = self.output.loss(self._hidden(inputs, "train"), targets.reshape(-1))
+        if not torch.isfinite(loss):
+            raise NonFiniteLossError(
+                f"training loss became {loss.item()} at global step {self.global_step} "
+                f"(epoch {self.current_epoch}, batch {batch_idx}); lower optim.lr or check the data"
+            )
+        now = time.perf_counter()
+        if self._clock is not None:
+            self.log("tokens_per_sec", inputs.numel() / (now - self._clock), on_step=True, on_epoch=False)
+        self._clock = now
+        self._batches_done = batch_idx + 1  # read by checkpoints saved at the end of this batch
+        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
+        if getattr(self.output, "loss_is_nll", False):  # only then is exp(loss) a perplexity
+            self.log("train/ppl", loss.detach().exp(), on_step=True, on_epoch=False, prog_bar=True)
+        self.log("lr", self.trainer.optimizers[0].param_groups[0]["lr"], on_step=True, on_epoch=False)
+        return loss * inputs.shape[1] if self.loss_reduction == "sum" else loss
+
+    def on_train_epoch_start(self) -> None:
+        self._clock = None
+        if self._continue_epoch:  # resumed mid-epoch (Lightning may or may not call this hook then)
+            self._continue_epoch = False
+            return
+        self._state["train"], self._batches_done = None, 0
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self._continue_epoch = False  # the resumed epoch is under way; the next epoch start resets
+        if self._restore_rng is not None:
+            set_rng_states(self._restore_rng)
+            self._restore_rng = None
+
+    # --- exact evaluation --------------------------------------------------------------------------
+    def _eval_step(self, batch: tuple[Tensor, Tensor], split: str) -> None:
+        inputs, targets = batch
+        hidden = self._hidden(inputs, split)
+        log_p = self.output.log_prob(hidden, targets.reshape(-1))  # (B*T,)
+        for name, value in self.output.extra_metrics(hidden).items():  # e.g. NCE's mean ln Z
+            self.log(f"{split}/{name}", value, on_epoch=True, batch_size=hidden.shape[0], sync_dist=True)
+        self._eval_sums += torch.stack([-log_p.double().sum().cpu(), torch.tensor(log_p.numel(), dtype=torch.float64)])
+
+    def _eval_start(self, split: str) -> None:
+        self._state[split] = None
+        self._eval_sums = torch.zeros(2, dtype=torch.float64)
+
+    def _eval_end(self, split: str) -> None:
+        sums = self._eval_sums.to(self.device)
+        if self.trainer.world_size > 1:  # every rank evaluated its own rows: add them up
+            sums = self.trainer.strategy.reduce(sums, reduce_op="sum")
+        mean_nll = (sums[0] / sums[1].clamp(min=1)).float()
+        self.log(f"{split}/loss", mean_nll, sync_dist=False)
+        self.log(f"{split}/ppl", mean_nll.exp(), prog_bar=True, sync_dist=False)
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._eval_step(batch, "val")
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._eval_step(batch, "test")
+
+    def on_validation_epoch_start(self) -> None:
+        self._eval_start("val")
+
+    def on_test_epoch_start(self) -> None:
+        self._eval_start("test")
+
+    def on_validation_epoch_end(self) -> None:
+        self._eval_end("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._eval_end("test")
+
+    # --- optimisation ------------------------------------------------------------------------------
+    def configure_optimizers(self) -> dict[str, Any]:
+        sparse = self.output.sparse_parameters()
+        sparse_ids = {id(p) for p in sparse}
+        dense = [p for p in self.parameters() if id(p) not in sparse_ids]
+        kwargs = {k: v for k, v in self.optim.items() if k not in ("name", "lr", "clip", "schedule") and v}
+        optimizer = build_optimizer(self.optim["name"], dense, sparse, lr=self.optim["lr"], **kwargs)
+        config: dict[str, Any] = {"optimizer": optimizer}
+        scheduler = build_scheduler(optimizer, self.optim.get("schedule") or {})
+        if scheduler is not None:
+            config["lr_scheduler"] = scheduler
+        return config
+
+    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
+        if self.optim.get("clip"):
+            clip_grad_norm(self.parameters(), self.optim["clip"])
+
+    def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
+        super().optimizer_step(*args, **kwargs)
+        self.output.after_optimizer_step()  # e.g. refresh a kernel sampler's tree from the changed rows
+
+    # --- multi-process (DDP) -----------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        if self.trainer.world_size > 1:  # runs before the strategy wraps this module in DistributedDataParallel
+            # DDP cannot reduce the sparse row gradients of plain parameters (on_before_optimizer_step does), and
+            # broadcasting the output's derived buffers (kernel trees) every step would cost O(tree): every rank
+            # keeps them identical itself, from identical weights and identical reduced gradients
+            sparse = {id(p) for p in self.output.sparse_parameters()}
+            ignored = [f"output.{n}" for n, p in self.output.named_parameters() if id(p) in sparse]
+            self._ddp_params_and_buffers_to_ignore = ignored + [f"output.{n}" for n, _ in self.output.named_buffers()]
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.trainer.world_size > 1:  # DDP averaged the dense gradients; average the sparse ones alike
+            for param in self.output.sparse_parameters():
+                param.grad = self._mean_over_ranks(param)
+
+    def _mean_over_ranks(self, param: nn.Parameter) -> Tensor:
+        """The mean over ranks of a (sparse row) gradient, coalesced: the same tensor on every rank."""
+        grad, world = param.grad, self.trainer.world_size
+        if grad is None:
+            empty_rows = torch.empty(1, 0, dtype=torch.long, device=param.device)
+            grad = torch.sparse_coo_tensor(empty_rows, param.new_empty(0, *param.shape[1:]), param.shape)
+        if not grad.is_sparse:
+            return self.trainer.strategy.reduce(grad, reduce_op="mean")
+        grad = grad.coalesce()
+        rows, values = grad.indices()[0], grad.values()  # (k,), (k, d)
+        counts = self.all_gather(torch.tensor(rows.numel(), device=param.device))  # (world,)
+        most = int(counts.max())
+        padded_rows = rows.new_zeros(most)
+        padded_rows[: rows.numel()] = rows
+        padded_values = values.new_zeros(most, *values.shape[1:])
+        padded_values[: rows.numel()] = values
+        all_rows, all_values = self.all_gather(padded_rows), self.all_gather(padded_values)  # (world, most[, d])
+        keep = torch.arange(most, device=param.device) < counts[:, None]  # (world, most): drop the padding
+        return torch.sparse_coo_tensor(all_rows[keep][None], all_values[keep] / world, param.shape).coalesce()
+
+    # --- exact resume ------------------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        for logger in self.loggers:  # metrics on disk stay in step with the checkpoint a resume starts from
+            logger.save()
+        checkpoint["lmtrain"] = {
+            "batches_done": self._batches_done,
+            "state": self._state["train"],
+            "signature": getattr(self, "signature", {}),
+            "wandb_id": getattr(self, "wandb_id", None),
+            "rng": get_rng_states(),
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        saved = checkpoint.get("lmtrain")
+        if saved is None or self._trainer is None or self.trainer.state.fn != "fit":
+            return
+        self._restore_rng = saved["rng"]  # applied at the first batch: iterator creation may draw numbers
+        # Lightning marks an epoch completed when max_steps stopped it: then the next epoch starts afresh
+        epoch = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {}).get("current", {})
+        finished = epoch.get("completed", 0) >= epoch.get("ready", 0)
+        done = saved["batches_done"]
+        if not finished and 0 < done < self._batches_per_epoch():
+            # before Lightning creates (and prefetches from) the loader iterator: start at the next window
+            self.trainer.datamodule.train_sampler.set_start(done)
+            self._state["train"], self._batches_done, self._continue_epoch = saved["state"], done, True
+
+    def _batches_per_epoch(self) -> int:
+        """Lightning's num_training_batches, computed before Lightning knows it (windows and limit_train_batches)."""
+        windows = self.trainer.datamodule.num_train_windows
+        limit = self.trainer.limit_train_batches
+        return min(windows, limit) if isinstance(limit, int) else int(windows * (1.0 if limit is None else limit))
+
+
+def get_rng_states() -> dict[str, Any]:
+    """torch, numpy and python RNG states as tensors and ints (loadable with torch.load(weights_only=True))."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    version, internal, extra = random.getstate()
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss)),
+        "python": (version, torch.tensor(internal, dtype=torch.int64), extra),
+    }
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    torch.set_rng_state(states["torch"])
+    kind, keys, pos, has_gauss, gauss = states["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    version, internal, extra = states["python"]
+    random.setstate((version, tuple(internal.tolist()), extra))

@@ -1,0 +1,130 @@
+"""Optimizers and gradient clipping that handle sparse row gradients (DESIGN §5)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+_NO_SPARSE_KEYS = ("weight_decay", "momentum")  # options that would touch every output row each step
+
+
+class MixedOptimizer(torch.optim.Optimizer):
+    """One ``torch.optim.Optimizer`` made of child optimizers over disjoint parameter sets.
+
+    Used for Adam on the dense parameters beside SparseAdam (or Adagrad) on the sparse output rows.
+    ``param_groups`` are the children's own group dicts (so LR schedulers that change ``group['lr']``
+    reach them) and all children share one ``state`` dict, so ``state_dict`` / ``load_state_dict``
+    use the standard format. ``step(closure)`` calls the closure exactly once, then steps every child.
+    """
+
+    def __init__(self, optimizers: list[torch.optim.Optimizer]) -> None:
+        if not optimizers:
+            raise ValueError("MixedOptimizer needs at least one child optimizer")
+        params = [p for opt in optimizers for group in opt.param_groups for p in group["params"]]
+        super().__init__(params, {})
+        self.optimizers = optimizers
+        self.param_groups = [group for opt in optimizers for group in opt.param_groups]
+        for opt in optimizers:
+            self.state.update(opt.state)  # e.g. Adagrad's accumulators, created at construction
+        self._link()
+
+    def _link(self) -> None:
+        """Point the children at this optimizer's group dicts and shared state (after init or load)."""
+        start = 0
+        for opt in self.optimizers:
+            count = len(opt.param_groups)
+            opt.param_groups = self.param_groups[start : start + count]
+            opt.state = self.state
+            start += count
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)  # replaces self.state and the group dicts
+        self._link()
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for opt in self.optimizers:
+            opt.step()
+        return loss
+
+
+def build_optimizer(
+    name: str, dense: Iterable[nn.Parameter], sparse: Iterable[nn.Parameter], lr: float, **kwargs: Any
+) -> torch.optim.Optimizer:
+    """One optimizer over dense and sparse-gradient parameters.
+
+    - ``sgd``: torch SGD; sparse row gradients are applied natively (only the touched rows change).
+    - ``adagrad``: torch Adagrad, which also applies sparse row gradients natively.
+    - ``adam``: Adam on the dense parameters; the sparse ones get SparseAdam, or Adagrad with
+      ``sparse_optimizer=adagrad`` (a :class:`MixedOptimizer`).
+    ``sparse_lr`` sets a separate learning rate for the sparse rows (default ``lr``). Weight decay and
+    momentum would change every output row at every step, so they are refused for sparse parameters.
+    """
+    dense, sparse = list(dense), list(sparse)
+    sparse_optimizer = str(kwargs.pop("sparse_optimizer", "sparse_adam"))
+    sparse_lr = float(kwargs.pop("sparse_lr", None) or lr)
+    if sparse:
+        for key in _NO_SPARSE_KEYS:
+            if kwargs.get(key):
+                raise ValueError(
+                    f"optim.{key}={kwargs[key]} would update every output row at every step, which the "
+                    f"sparse row path avoids; set optim.{key}=0 or output.sparse=false"
+                )
+        kwargs = {k: v for k, v in kwargs.items() if k not in _NO_SPARSE_KEYS}
+    groups = [g for g in ({"params": dense}, {"params": sparse, "lr": sparse_lr}) if g["params"]]
+    if name == "sgd":
+        return torch.optim.SGD(groups, lr=lr, **kwargs)
+    if name == "adagrad":
+        return torch.optim.Adagrad(groups, lr=lr, **kwargs)
+    if name != "adam":
+        raise ValueError(f"unknown optim.name {name!r}; choose sgd, adagrad or adam")
+    if not sparse:
+        return torch.optim.Adam(dense, lr=lr, **kwargs)
+    children: list[torch.optim.Optimizer] = [torch.optim.Adam(dense, lr=lr, **kwargs)] if dense else []
+    if sparse_optimizer == "sparse_adam":
+        adam_keys = {k: v for k, v in kwargs.items() if k in ("betas", "eps")}
+        children.append(torch.optim.SparseAdam(sparse, lr=sparse_lr, **adam_keys))
+    elif sparse_optimizer == "adagrad":
+        children.append(torch.optim.Adagrad(sparse, lr=sparse_lr, eps=float(kwargs.get("eps", 1e-10))))
+    else:
+        raise ValueError(f"optim.sparse_optimizer must be sparse_adam or adagrad, got {sparse_optimizer!r}")
+    return MixedOptimizer(children)
+
+
+def grad_norm(params: Iterable[Tensor]) -> Tensor:
+    """Global L2 norm of all gradients; sparse gradients are coalesced first (duplicates add up)."""
+    squares = []
+    for p in params:
+        if p.grad is None:
+            continue
+        g = p.grad.coalesce().values() if p.grad.is_sparse else p.grad
+        squares.append(g.detach().float().pow(2).sum())
+    if not squares:
+        return torch.zeros(())
+    return torch.stack(squares).sum().sqrt()
+
+
+def clip_grad_norm(params: Iterable[Tensor], max_norm: float) -> Tensor:
+    """Scale all gradients (dense and sparse) so their global norm is at most ``max_norm``.
+
+    Sparse gradients are coalesced in place first, so only their touched rows are read or scaled.
+    """
+    params = [p for p in params if p.grad is not None]
+    for p in params:
+        if p.grad.is_sparse and not p.grad.is_coalesced():
+            p.grad = p.grad.coalesce()
+    total = grad_norm(params)
+    scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    for p in params:
+        if p.grad.is_sparse:
+            p.grad = p.grad * scale.to(p.grad.device)
+        else:
+            p.grad.mul_(scale.to(p.grad.device))
+    return total

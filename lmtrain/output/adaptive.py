@@ -1,0 +1,88 @@
+"""Adaptive softmax (Grave et al. 2017) behind the ``OutputLayer`` interface."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from torch import Tensor, nn
+
+from lmtrain.output.base import OutputLayer
+
+HEAD_CAP, TAIL_FRACTION, MAX_CLUSTERS = 2000, 0.6, 3
+
+
+def derive_cutoffs(num_classes: int, max_clusters: int = MAX_CLUSTERS) -> list[int]:
+    """Default cluster boundaries for a frequency-ordered vocabulary of n = ``num_classes`` words.
+
+    The head is h = min(round(n / 5), 2000); further cutoffs grow tenfold (20000, 200000, ...) while they
+    stay below round(3n / 5), which closes the list; at most ``max_clusters`` tail clusters. PTB
+    (n = 10,000) gets the classic [2000, 6000], WikiText-2 (33,278) [2000, 19967], n = 10^5
+    [2000, 20000, 60000], WikiText-103 (267,735) [2000, 20000, 160641], n = 10^6 [2000, 20000, 200000].
+    Needs n >= 2.
+    """
+    if num_classes < 2:
+        raise ValueError(f"adaptive softmax needs at least 2 classes, got num_classes={num_classes}")
+    last = round(TAIL_FRACTION * num_classes)
+    cutoffs = [min(max(round(num_classes / 5), 1), HEAD_CAP)]
+    while len(cutoffs) < max_clusters and cutoffs[-1] * 10 < last:
+        cutoffs.append(cutoffs[-1] * 10)
+    if len(cutoffs) < max_clusters and cutoffs[-1] < last <= num_classes - 1:
+        cutoffs.append(last)
+    return cutoffs
+
+
+def max_clusters(dim: int, div_value: float) -> int:
+    """Most tail clusters (at most 3) whose projection dim / div_value^k keeps at least one dimension."""
+    k = 0
+    while k < MAX_CLUSTERS and int(dim // div_value ** (k + 1)) >= 1:
+        k += 1
+    return max(k, 1)
+
+
+class AdaptiveSoftmax(OutputLayer):
+    """A thin wrapper over ``torch.nn.AdaptiveLogSoftmaxWithLoss``; exact log-probabilities.
+
+    Relies on the vocabulary being ordered by descending frequency: ids below ``cutoffs[0]`` form the
+    head (a full softmax with one extra logit per tail cluster), the ids between consecutive cutoffs form
+    tail clusters whose input is projected to d / div_value^k dimensions. ``cutoffs=None`` derives them
+    from the vocabulary size (``derive_cutoffs``, with no more clusters than ``dim`` allows). All
+    parameters are dense (no sparse row gradients).
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        dim: int,
+        cutoffs: Sequence[int] | None = None,
+        div_value: float = 4.0,
+        head_bias: bool = True,
+    ) -> None:
+        super().__init__()
+        if div_value <= 0:
+            raise ValueError(f"output.div_value must be positive (4.0 is the usual choice), got {div_value}")
+        if cutoffs is None:
+            cutoffs = derive_cutoffs(num_classes, max_clusters(dim, div_value))
+        cutoffs = [int(c) for c in cutoffs]
+        if not cutoffs or cutoffs != sorted(set(cutoffs)) or cutoffs[0] < 1 or cutoffs[-1] > num_classes - 1:
+            raise ValueError(
+                f"output.cutoffs must be strictly increasing integers between 1 and {num_classes - 1} "
+                f"(the vocabulary size minus one), got {cutoffs}; or set output.cutoffs=null to derive them"
+            )
+        if int(dim // div_value ** len(cutoffs)) < 1:
+            raise ValueError(
+                f"output.div_value={div_value} leaves the last tail cluster with no dimensions at dim={dim} "
+                f"({len(cutoffs)} clusters); use a smaller div_value or fewer cutoffs"
+            )
+        self.num_classes, self.dim = num_classes, dim
+        self.cutoffs = cutoffs
+        self.asm = nn.AdaptiveLogSoftmaxWithLoss(dim, num_classes, cutoffs, div_value=div_value, head_bias=head_bias)
+
+    def log_prob(self, hidden: Tensor, target: Tensor) -> Tensor:
+        return self.asm(hidden, target).output  # (N,) exact log p(target | hidden)
+
+    def loss(self, hidden: Tensor, target: Tensor) -> Tensor:
+        return self.asm(hidden, target).loss
+
+    def full_log_prob(self, hidden: Tensor) -> Tensor:
+        """(N, d) -> (N, n) log-probabilities of every class (O(nd); for checks and small vocabularies)."""
+        return self.asm.log_prob(hidden)

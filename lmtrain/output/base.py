@@ -1,0 +1,46 @@
+"""The interface every output strategy implements (DESIGN §2)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+class OutputLayer(nn.Module):
+    """Maps top-layer hidden states to a training objective and to exact log-probabilities.
+
+    ``loss`` is the (possibly surrogate) objective minimised in training; ``log_prob`` is always the
+    exact, normalized log-probability used for perplexity. Subclasses that keep derived state
+    (a sampler tree) refresh it in ``after_optimizer_step``.
+    """
+
+    num_classes: int
+
+    def loss(self, hidden: Tensor, target: Tensor) -> Tensor:
+        """(N, d), (N,) -> scalar mean training objective."""
+        raise NotImplementedError
+
+    def log_prob(self, hidden: Tensor, target: Tensor) -> Tensor:
+        """(N, d), (N,) -> (N,) exact log p(target | hidden)."""
+        raise NotImplementedError
+
+    def after_optimizer_step(self) -> None:
+        """Called once after every optimizer step; default: nothing to refresh."""
+
+    def sparse_parameters(self) -> list[nn.Parameter]:
+        """Parameters whose gradients are sparse row tensors (handled by the sparse optimizer path)."""
+        return []
+
+    def extra_metrics(self, hidden: Tensor) -> dict[str, Tensor]:
+        """Optional diagnostics logged on validation (e.g. NCE's mean ln Z); default none."""
+        return {}
+
+
+def changed_rows(param: Tensor) -> Tensor | None:
+    """Row ids that the last optimizer step changed: the rows of a sparse gradient, None = all rows."""
+    grad = param.grad
+    if grad is None:
+        return param.new_empty(0, dtype=torch.long)
+    if grad.is_sparse:
+        return grad.coalesce().indices()[0]
+    return None

@@ -1,0 +1,60 @@
+"""Cosine-similarity softmax with a temperature, trained with an RFF kernel proposal (Rawat et al. 2019)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch.nn.functional as F
+from torch import Tensor
+
+from lmtrain.output.sampled import SampledSoftmax
+from lmtrain.sampler.base import Sampler
+
+
+class CosineSampledSoftmax(SampledSoftmax):
+    """Sampled softmax over logits tau * cos(h, w_i) with normalized embeddings and no bias (``output=rff``).
+
+    The RFF kernel exp(nu cos) is a proposal for exactly this model; ``tau`` (default 1 / 0.3^2) is
+    the inverse temperature of the logits. Exact evaluation is the full softmax over tau * cos.
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        dim: int,
+        sampler: Sampler,
+        num_samples: int = 100,
+        tau: float = 1 / 0.3**2,
+        remove_accidental_hits: bool = True,
+        correction: Literal["exact", "classic"] = "exact",
+        unique: bool = False,
+        shared_negatives: bool = True,
+        sparse: bool = True,
+        init_range: float = 0.1,
+        eval_chunk: int = 65536,
+    ) -> None:
+        if not tau > 0:
+            raise ValueError(f"output.tau must be positive (logits are tau * cosine similarity), got {tau}")
+        super().__init__(
+            num_classes,
+            dim,
+            sampler,
+            num_samples=num_samples,
+            remove_accidental_hits=remove_accidental_hits,
+            correction=correction,
+            unique=unique,
+            shared_negatives=shared_negatives,
+            bias=False,
+            sparse=sparse,
+            init_range=init_range,
+            eval_chunk=eval_chunk,
+        )
+        self.tau = float(tau)
+
+    def score(self, query: Tensor, rows: Tensor) -> Tensor:
+        # divide the dot products by the row norms instead of normalizing the (N, k, d) gathered rows
+        dots = super().score(F.normalize(query, dim=-1), rows)  # (N, k)
+        return self.tau * dots / rows.norm(dim=-1).clamp_min(1e-12)  # norms (k,) or (N, k)
+
+    def extra_repr(self) -> str:
+        return f"tau={self.tau:.4g}"

@@ -1,0 +1,54 @@
+"""Checks of command-line overrides before Hydra composes them, so mistakes get one clear sentence."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+GROUPS = ("data", "model", "sampler", "output", "optim", "trainer", "logger", "experiment")
+_SAMPLER_DEFAULT = re.compile(r"override\s+/sampler@_global_\.sampler:\s*(\w+)")
+
+
+class OverrideError(ValueError):
+    """A command-line override that names an unknown option or key."""
+
+
+def choices(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def default_sampler(output: str) -> str | None:
+    """The sampler an output config selects in its defaults list (None for strategies without one)."""
+    path = CONF_DIR / "output" / f"{output}.yaml"
+    match = _SAMPLER_DEFAULT.search(path.read_text()) if path.is_file() else None
+    return match.group(1) if match else None
+
+
+def sampler_keys(sampler: str) -> set[str]:
+    import yaml
+
+    return set(yaml.safe_load((CONF_DIR / "sampler" / f"{sampler}.yaml").read_text()) or {})
+
+
+def check_overrides(args: list[str]) -> None:
+    """Raise OverrideError for an unknown group choice or a sampler option the chosen strategy doesn't take."""
+    pairs = [a.lstrip("+").split("=", 1) for a in args if "=" in a and not a.startswith(("-", "~", "hydra"))]
+    chosen = {key: value.split(",") for key, value in pairs if key in GROUPS}
+    for group, values in chosen.items():
+        for value in values:
+            if value != "null" and not (CONF_DIR / group / f"{value}.yaml").is_file():
+                raise OverrideError(f"unknown {group} '{value}': choose one of {', '.join(choices(group))}")
+    sampler_options = [key.split(".", 1)[1] for key, _ in pairs if key.startswith("sampler.")]
+    if not sampler_options:
+        return
+    outputs = chosen.get("output", ["full"])
+    samplers = chosen.get("sampler") or [default_sampler(o) for o in outputs]
+    for option in sampler_options:
+        top = option.split(".")[0]
+        if any(s is None or s == "null" or top not in sampler_keys(s) for s in samplers):
+            takers = [o for o in choices("output") if (s := default_sampler(o)) and top in sampler_keys(s)]
+            raise OverrideError(
+                f"sampler.{option} is not an option of output={','.join(outputs)}; "
+                f"it applies to output={'|'.join(takers) or '(none)'}"
+            )

@@ -1,0 +1,173 @@
+"""`train(cfg)`: build the data, model, output strategy and trainer from the config; fit; test."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import lightning as L
+import torch
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import Logger
+from omegaconf import DictConfig, OmegaConf
+
+from lmtrain.build import build, build_output
+from lmtrain.callbacks import EpochSummary
+from lmtrain.checkpoints import (
+    AtomicCheckpointIO,
+    CheckpointError,
+    check_compatible,
+    find_last,
+    read_checkpoint,
+)
+from lmtrain.csv_logger import MetricsCSVLogger
+from lmtrain.module import LanguageModel
+
+log = logging.getLogger("lmtrain")
+
+
+def hydra_context() -> tuple[str | None, list[str]]:
+    """(output choice, task overrides) of the running Hydra app; (None, []) outside one (e.g. in tests)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None, []
+    hc = HydraConfig.get()
+    return hc.runtime.choices.get("output"), list(hc.overrides.task)
+
+
+def run_name(cfg: DictConfig, output_choice: str | None, overrides: list[str]) -> str:
+    """The W&B / plot label: cfg.name, else the overrides that define the job, else the output strategy."""
+    if cfg.get("name"):
+        return str(cfg.name)
+    shown = [o for o in overrides if not o.startswith(("ckpt_path=", "hydra.", "run_dir="))]
+    return ",".join(shown) if shown else (output_choice or cfg.output._target_.rsplit(".", 1)[-1])
+
+
+def resolve_ckpt(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> Path | None:
+    if cfg.ckpt_path in (None, ""):
+        if (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").glob("*.ckpt")):
+            raise CheckpointError(
+                f"run folder {run_dir} already holds checkpoints; pass ckpt_path=last to resume it, "
+                "or choose another hydra.run.dir (nothing was overwritten)"
+            )
+        return None
+    if cfg.ckpt_path == "last":
+        return find_last(run_dir, run_dir.parent.parent, overrides)
+    return Path(str(cfg.ckpt_path)).expanduser().resolve()
+
+
+def build_loggers(cfg: DictConfig, run_dir: Path, name: str, resume_id: str | None) -> list[Logger]:
+    """A CSV logger (every run leaves run_dir/metrics.csv) plus the configured ones (W&B)."""
+    loggers: list[Logger] = [
+        MetricsCSVLogger(save_dir=str(run_dir), name="", version="", flush_logs_every_n_steps=10**9)
+    ]
+    for spec in (cfg.get("logger") or {}).values():
+        extra = {"name": name, "save_dir": str(run_dir)}
+        if resume_id:
+            extra.update(id=resume_id, resume="allow")
+        loggers.append(build(spec, **extra))
+    return loggers
+
+
+def write_run_info(
+    run_dir: Path, name: str, output_choice: str | None, cfg: DictConfig, metrics: dict[str, float]
+) -> None:
+    """run.json: what scripts need to label and tabulate the run without re-resolving the config."""
+    output = OmegaConf.to_container(cfg.output, resolve=True)
+    sampler = OmegaConf.to_container(cfg.sampler, resolve=True) if cfg.get("sampler") else None
+    info = {
+        "name": name,
+        "output": output_choice or str(cfg.output._target_).rsplit(".", 1)[-1],
+        "output_options": {k: v for k, v in output.items() if not k.startswith("_")},
+        "sampler": sampler,
+        "data": str(cfg.data.get("name", "")),
+        "metrics": metrics,
+    }
+    (run_dir / "run.json").write_text(json.dumps(info, indent=2, default=str))
+
+
+def train(cfg: DictConfig) -> dict[str, float]:
+    """Train and evaluate one model; returns the final metrics (val/ppl of the best epoch, test/ppl, ...)."""
+    output_choice, overrides = hydra_context()
+    run_dir = Path(str(cfg.run_dir)).resolve()
+    ckpt = resolve_ckpt(cfg, run_dir, overrides)
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    torch.set_float32_matmul_precision("high")
+    torch.set_flush_denormal(True)  # tiny LSTM gradients as subnormal floats are very slow on CPUs
+
+    datamodule = instantiate(cfg.data)
+    datamodule.setup()
+    encoder = build(cfg.model, num_classes=datamodule.num_classes)
+    output = build_output(cfg, datamodule.num_classes, encoder.output_dim, datamodule.counts)
+    module = LanguageModel(encoder, output, OmegaConf.to_container(cfg.optim, resolve=True), cfg.loss_reduction)
+    signature = {
+        "num_classes": datamodule.num_classes,
+        "output": cfg.output._target_,
+        "model": OmegaConf.to_container(cfg.model, resolve=True),
+    }
+    module.signature = signature
+
+    resume_id = None
+    if ckpt is not None:
+        saved = read_checkpoint(ckpt)
+        check_compatible(saved, signature, ckpt)
+        resume_id = saved["lmtrain"].get("wandb_id")
+        previous_csv = ckpt.parent.parent / "metrics.csv"
+        if previous_csv.is_file() and previous_csv.parent != run_dir:  # keep the history; never touch the old file
+            run_dir.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(previous_csv, run_dir / "metrics.csv")
+        log.info("resuming from %s", ckpt)
+
+    name = run_name(cfg, output_choice, overrides)
+    loggers = build_loggers(cfg, run_dir, name, resume_id)
+    ckpt_dir = run_dir / "checkpoints"
+    callbacks: list[L.Callback] = [
+        ModelCheckpoint(
+            dirpath=ckpt_dir,
+            filename="best-{epoch:02d}",
+            monitor="val/ppl",
+            mode="min",
+            auto_insert_metric_name=False,
+            save_last=True,
+            enable_version_counter=False,
+        ),
+        ModelCheckpoint(
+            dirpath=ckpt_dir,
+            every_n_train_steps=cfg.checkpoint_every_n_steps,
+            save_top_k=0,
+            save_last=True,
+            enable_version_counter=False,
+        ),
+        EpochSummary(),
+        *(instantiate(spec) for spec in (cfg.get("callbacks") or {}).values()),
+    ]
+    trainer: L.Trainer = instantiate(
+        cfg.trainer,
+        logger=loggers,
+        callbacks=callbacks,
+        default_root_dir=str(run_dir),
+        plugins=[AtomicCheckpointIO()],
+        enable_progress_bar=cfg.progress_bar,
+        _convert_="all",
+    )
+    wandb_id = next((lg.experiment.id for lg in loggers if hasattr(lg.experiment, "id")), None)
+    module.wandb_id = wandb_id
+    trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt) if ckpt else None)
+
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+    best = callbacks[0].best_model_score
+    if best is not None:
+        metrics["val/ppl_best"] = float(best)
+    if cfg.test_after_fit:
+        best_path = callbacks[0].best_model_path or None
+        tested = trainer.test(module, datamodule=datamodule, ckpt_path=best_path, verbose=False)
+        metrics.update({k: float(v) for k, v in (tested[0] if tested else {}).items()})
+    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+    write_run_info(run_dir, name, output_choice, cfg, metrics)
+    for lg in loggers:
+        lg.finalize("success")
+    return metrics

@@ -1,0 +1,29 @@
+"""The interface every proposal distribution implements (DESIGN §2)."""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+
+class Sampler(nn.Module):
+    """A proposal q over the classes, used for negatives by sampled softmax, NCE and negative sampling.
+
+    Context-free samplers (``per_example = False``) ignore ``hidden`` and return shared ids of shape (m,);
+    context-dependent samplers (``per_example = True``) return ids of shape (N, m); for them ``hidden``
+    is the output layer's query vector (N, d'), e.g. [h, 1], whose dot product with a ``weight`` row
+    (the vectors given to ``update``) is the logit. ``log_q`` is the exact
+    log-probability with which each returned id was drawn.
+    """
+
+    per_example: bool = False
+
+    def sample(self, hidden: Tensor | None, num_samples: int) -> tuple[Tensor, Tensor]:
+        """Draw ``num_samples`` ids (with replacement); return (ids, log_q) of equal shape."""
+        raise NotImplementedError
+
+    def log_q(self, hidden: Tensor | None, ids: Tensor) -> Tensor:
+        """Exact log q of any ids: (k,) for context-free samplers, (N, k) with hidden (N, d) otherwise."""
+        raise NotImplementedError
+
+    def update(self, weight: Tensor, rows: Tensor | None = None) -> None:
+        """Refresh after class embeddings changed; ``rows`` = changed rows, None = all. Default no-op."""

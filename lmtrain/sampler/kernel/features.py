@@ -1,0 +1,159 @@
+"""Feature maps phi with K(a, b) = <phi(a), phi(b)> for the kernel proposals (DESIGN §3)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class FeatureMap(nn.Module):
+    """A kernel K(a, b) = <phi(a), phi(b)> (exact or in expectation) that depends on a . b only.
+
+    ``prepare`` maps a raw vector to the space the kernel is defined on (identity, or unit norm);
+    ``log_kernel_dot`` is log K as a function of the dot product of two prepared vectors;
+    ``forward`` is phi, applied to raw vectors. A node of the kernel tree stores the sum of phi over
+    its classes, which ``node_sums`` computes bucket by bucket.
+    """
+
+    def out_features(self, in_features: int) -> int:
+        """Dimension of phi(x) for x of dimension ``in_features``."""
+        raise NotImplementedError
+
+    def prepare(self, x: Tensor) -> Tensor:
+        """(..., d) -> (..., d) vectors on which the kernel is a function of the dot product."""
+        return x
+
+    def log_kernel_dot(self, dot: Tensor) -> Tensor:
+        """log K(a, b) from the dot product of prepared a and b (any shape, elementwise)."""
+        raise NotImplementedError
+
+    def kernel(self, a: Tensor, b: Tensor) -> Tensor:
+        """Exact K(a, b) in the original space; a (..., d) and b (..., d) broadcast to (...)."""
+        dot = (self.prepare(a) * self.prepare(b)).sum(-1)
+        return self.log_kernel_dot(dot).exp()
+
+    def node_sums(self, rows: Tensor, valid: Tensor) -> Tensor:
+        """Sum of phi over the valid rows of each bucket: rows (c, L, d), valid (c, L) -> (c, F)."""
+        return (self(rows) * valid.unsqueeze(-1)).sum(1)
+
+    def sum_elements(self, bucket_size: int, in_features: int) -> int:
+        """Temporary tensor elements ``node_sums`` needs per bucket (for memory-bounded chunks)."""
+        return bucket_size * self.out_features(in_features)
+
+
+class QuadraticFeatures(FeatureMap):
+    """K(a, b) = alpha * (a . b)^2 + 1 (Blanc & Rendle 2018), used with the absolute softmax.
+
+    phi(u) = [sqrt(alpha) * vec(u u^T), 1] in the symmetric upper-triangle vectorization
+    (off-diagonal entries scaled by sqrt(2)), so phi has d (d + 1) / 2 + 1 entries and a node stores
+    [sqrt(alpha) * vec(S(C)), |C|] with S(C) = sum of w w^T over its classes.
+    """
+
+    def __init__(self, alpha: float = 100.0) -> None:
+        super().__init__()
+        if not alpha > 0:
+            raise ValueError(f"sampler.alpha must be positive (the quadratic kernel's scale), got {alpha}")
+        self.alpha = float(alpha)
+
+    def out_features(self, in_features: int) -> int:
+        return in_features * (in_features + 1) // 2 + 1
+
+    def _triangle(self, dim: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+        rows, cols = torch.triu_indices(dim, dim, device=device)  # (d (d + 1) / 2,) each
+        scale = torch.where(rows == cols, math.sqrt(self.alpha), math.sqrt(2 * self.alpha)).to(dtype)
+        return rows, cols, scale
+
+    def log_kernel_dot(self, dot: Tensor) -> Tensor:
+        return torch.log1p(self.alpha * dot.square())
+
+    def forward(self, x: Tensor) -> Tensor:
+        rows, cols, scale = self._triangle(x.shape[-1], x.device, x.dtype)
+        outer = x[..., rows] * x[..., cols] * scale  # (..., d (d + 1) / 2)
+        return torch.cat([outer, outer.new_ones(*outer.shape[:-1], 1)], dim=-1)
+
+    def node_sums(self, rows: Tensor, valid: Tensor) -> Tensor:
+        rows = rows * valid.unsqueeze(-1)
+        second = rows.transpose(1, 2) @ rows  # (c, d, d) = S(bucket)
+        tri_r, tri_c, scale = self._triangle(rows.shape[-1], rows.device, rows.dtype)
+        count = valid.sum(1, keepdim=True).to(rows.dtype)  # (c, 1)
+        return torch.cat([second[:, tri_r, tri_c] * scale, count], dim=1)
+
+    def sum_elements(self, bucket_size: int, in_features: int) -> int:
+        return bucket_size * in_features + 2 * self.out_features(in_features)
+
+    def extra_repr(self) -> str:
+        return f"alpha={self.alpha}"
+
+
+class RandomFourierFeatures(FeatureMap):
+    """Random Fourier features of the Gaussian kernel on unit vectors (Rawat et al. 2019).
+
+    ``D`` is the number of random frequencies: Omega (D, d) has rows ~ N(0, nu I) and
+    phi(u) = D^{-1/2} [cos(Omega u), sin(Omega u)] on u / |u| has 2 D entries, so that
+    E[phi(x) . phi(y)] = exp(-nu |x - y|^2 / 2) = exp(nu (cos(x, y) - 1)), proportional to
+    exp(nu cos). (The RF-softmax paper counts the 2 D entries as its feature dimension.)
+    Omega is drawn once from ``seed`` when the input size is first seen and is a persistent
+    buffer, so checkpoints carry it and a resumed run samples from the same features.
+    """
+
+    def __init__(self, D: int = 1024, nu: float = 4.0, seed: int = 0, temperature: float | None = None) -> None:
+        super().__init__()
+        if temperature is not None:
+            if not temperature > 0:
+                raise ValueError(f"sampler.temperature must be positive (nu = 1 / T^2), got {temperature}")
+            nu = 1.0 / temperature**2
+        if not nu > 0:
+            raise ValueError(f"sampler.nu must be positive (the kernel is exp(nu * cos)), got {nu}")
+        if int(D) < 1:
+            raise ValueError(f"sampler.D must be a positive number of random frequencies, got {D}")
+        self.num_frequencies, self.nu, self.seed = int(D), float(nu), int(seed)
+        self.register_buffer("omega", torch.empty(self.num_frequencies, 0))  # drawn on first use
+
+    def out_features(self, in_features: int) -> int:
+        return 2 * self.num_frequencies
+
+    def frequencies(self, in_features: int) -> Tensor:
+        """Omega (D, d); drawn from ``seed`` (not the global RNG) the first time d is seen."""
+        if self.omega.shape[1] == 0:
+            gen = torch.Generator().manual_seed(self.seed)
+            omega = torch.randn(self.num_frequencies, in_features, generator=gen) * math.sqrt(self.nu)
+            self.omega = omega.to(self.omega.device, self.omega.dtype)
+        if self.omega.shape[1] != in_features:
+            raise ValueError(
+                f"RandomFourierFeatures was built for {self.omega.shape[1]}-dim vectors but got "
+                f"{in_features}-dim ones; use one sampler per output layer"
+            )
+        return self.omega
+
+    def prepare(self, x: Tensor) -> Tensor:
+        return F.normalize(x, dim=-1)
+
+    def log_kernel_dot(self, dot: Tensor) -> Tensor:
+        return self.nu * (dot - 1.0)
+
+    def forward(self, x: Tensor) -> Tensor:
+        omega = self.frequencies(x.shape[-1]).to(x.dtype)
+        proj = self.prepare(x) @ omega.T  # (..., D)
+        return torch.cat([proj.cos(), proj.sin()], dim=-1) / math.sqrt(self.num_frequencies)
+
+    def node_sums(self, rows: Tensor, valid: Tensor) -> Tensor:
+        proj = self.prepare(rows) @ self.frequencies(rows.shape[-1]).to(rows.dtype).T  # (c, L, D)
+        mask = valid.to(rows.dtype).unsqueeze(1)  # (c, 1, L): sums by batched row-vector products
+        sums = torch.cat([torch.bmm(mask, proj.cos()), torch.bmm(mask, proj.sin())], dim=-1)  # (c, 1, 2D)
+        return sums.squeeze(1) / math.sqrt(self.num_frequencies)
+
+    def sum_elements(self, bucket_size: int, in_features: int) -> int:
+        return bucket_size * (in_features + 2 * self.num_frequencies)
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        saved = state_dict.get(prefix + "omega")
+        if saved is not None and saved.shape != self.omega.shape:  # adopt the checkpoint's Omega
+            self.omega = torch.empty_like(saved, device=self.omega.device, dtype=self.omega.dtype)
+        super()._load_from_state_dict(state_dict, prefix, *args)
+
+    def extra_repr(self) -> str:
+        return f"D={self.num_frequencies}, nu={self.nu}, seed={self.seed}"

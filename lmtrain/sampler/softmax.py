@@ -1,0 +1,40 @@
+"""The model's own softmax as proposal: the unbiased O(nd) reference (``output=exp``)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from lmtrain.sampler.base import Sampler
+
+
+class SoftmaxSampler(Sampler):
+    """q(i | h) = softmax(query(h) . weight)_i, per example, from the output layer's current weights.
+
+    ``update`` keeps a reference to the weight it is given (no copy), so q always follows the live
+    parameters. Every call costs a full (N, n) product: this is the reference that makes sampled
+    softmax exact (DESIGN §3), not a fast proposal.
+    """
+
+    per_example = True
+
+    def __init__(self, num_classes: int) -> None:
+        super().__init__()
+        self.num_classes = num_classes
+        self._weight: Tensor | None = None
+
+    def update(self, weight: Tensor, rows: Tensor | None = None) -> None:
+        self._weight = weight  # a (detached) view of the live parameter: always current
+
+    def _log_softmax(self, hidden: Tensor | None) -> Tensor:
+        if hidden is None or self._weight is None:
+            raise ValueError("SoftmaxSampler needs the query vectors and the weights (call update(weight) first)")
+        return torch.log_softmax(hidden.detach() @ self._weight.T, dim=1)  # (N, n)
+
+    def sample(self, hidden: Tensor | None, num_samples: int) -> tuple[Tensor, Tensor]:
+        log_p = self._log_softmax(hidden)  # (N, n)
+        ids = torch.multinomial(log_p.exp(), num_samples, replacement=True)  # (N, m)
+        return ids, log_p.gather(1, ids)
+
+    def log_q(self, hidden: Tensor | None, ids: Tensor) -> Tensor:
+        return self._log_softmax(hidden).gather(1, ids)  # (N, k)

@@ -1,0 +1,30 @@
+"""Uniform proposal over all classes (context-free)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from lmtrain.sampler.base import Sampler
+
+
+class UniformSampler(Sampler):
+    """q_i = 1 / n for every class; draws are ``torch.randint`` (O(1) each), shared across the batch."""
+
+    per_example = False
+
+    def __init__(self, num_classes: int) -> None:
+        super().__init__()
+        if num_classes < 2:
+            raise ValueError(f"UniformSampler needs at least 2 classes, got num_classes={num_classes}")
+        self.num_classes = num_classes
+        self.register_buffer("_anchor", torch.zeros(()), persistent=False)  # follows the module's device/dtype
+
+    def sample(self, hidden: Tensor | None, num_samples: int) -> tuple[Tensor, Tensor]:
+        ids = torch.randint(self.num_classes, (num_samples,), device=self._anchor.device)  # (m,)
+        return ids, self.log_q(None, ids)
+
+    def log_q(self, hidden: Tensor | None, ids: Tensor) -> Tensor:
+        return torch.full(ids.shape, -math.log(self.num_classes), dtype=self._anchor.dtype, device=ids.device)

@@ -1,0 +1,102 @@
+"""Unigram^power and log-uniform (Zipf) proposals with O(1) alias-table draws (context-free)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from lmtrain.sampler.base import Sampler
+
+_SCALE_BITS = 32  # alias thresholds are integers in [0, 2^32]: exact probabilities, immune to dtype casts
+
+
+class UnigramSampler(Sampler):
+    """q_i ∝ base_i ** power, drawn in O(1) per sample from a Walker/Vose alias table.
+
+    ``distribution="unigram"``: base_i = counts_i + ``smoothing`` (training-split counts; the floor keeps
+    q > 0, hence log q finite, for classes never seen in training). ``distribution="log_uniform"``:
+    base_i = ln((i + 2) / (i + 1)), the Zipf-like proposal for frequency-ordered vocabularies (no counts
+    needed). ``power`` = 0.75 gives the word2vec / NCE noise, 1.0 the plain unigram.
+
+    The table is built without Python loops over classes; its bucket thresholds are integers, so the
+    distribution actually sampled is known exactly and ``log_q`` returns exactly that distribution.
+    """
+
+    per_example = False
+
+    def __init__(
+        self,
+        num_classes: int,
+        counts: Tensor | None = None,
+        power: float = 1.0,
+        distribution: str = "unigram",
+        smoothing: float = 1.0,
+    ) -> None:
+        super().__init__()
+        if distribution not in ("unigram", "log_uniform"):
+            raise ValueError(f"sampler.distribution must be 'unigram' or 'log_uniform', got {distribution!r}")
+        if power < 0:
+            raise ValueError(f"sampler.power must be >= 0 (0.75 for NCE noise, 1.0 for unigram), got {power}")
+        if num_classes < 2 or num_classes >= 2**30:
+            raise ValueError(f"UnigramSampler needs 2 <= num_classes < 2^30, got {num_classes}")
+        self.num_classes, self.power, self.distribution = num_classes, float(power), distribution
+        base = self._base_weights(num_classes, counts, distribution, smoothing)  # (n,) float64, all > 0
+        threshold, alias = alias_table(base.pow(self.power))
+        self.register_buffer("threshold", threshold, persistent=False)  # (n,) int64 in [0, 2^32]
+        self.register_buffer("alias", alias, persistent=False)  # (n,) int64
+        mass = threshold.clone()  # (n,) each class's exact share of the n * 2^32 integer cells
+        mass.scatter_add_(0, alias, (1 << _SCALE_BITS) - threshold)
+        log_probs = mass.double().log() - torch.tensor(num_classes * 2.0**_SCALE_BITS, dtype=torch.float64).log()
+        self.register_buffer("log_probs", log_probs.to(torch.get_default_dtype()), persistent=False)  # (n,)
+
+    @staticmethod
+    def _base_weights(n: int, counts: Tensor | None, distribution: str, smoothing: float) -> Tensor:
+        if distribution == "log_uniform":
+            rank = torch.arange(n, dtype=torch.float64)
+            return torch.log1p(1.0 / (rank + 1.0))  # ln((i + 2) / (i + 1))
+        if counts is None:
+            raise ValueError("sampler.distribution=unigram needs the training-split counts; use log_uniform without")
+        if counts.numel() != n:
+            raise ValueError(f"counts has {counts.numel()} entries but num_classes is {n}; pass one count per class")
+        if smoothing <= 0 or bool((counts < 0).any()):
+            raise ValueError(f"counts must be >= 0 and sampler.smoothing > 0 (got {smoothing}) so every q_i > 0")
+        return counts.detach().cpu().to(torch.float64) + smoothing
+
+    def sample(self, hidden: Tensor | None, num_samples: int) -> tuple[Tensor, Tensor]:
+        device = self.threshold.device
+        bucket = torch.randint(self.num_classes, (num_samples,), device=device)  # (m,)
+        coin = torch.randint(1 << _SCALE_BITS, (num_samples,), device=device)  # (m,) uniform integer
+        ids = torch.where(coin < self.threshold[bucket], bucket, self.alias[bucket])  # (m,)
+        return ids, self.log_probs[ids]
+
+    def log_q(self, hidden: Tensor | None, ids: Tensor) -> Tensor:
+        return self.log_probs[ids]
+
+
+def alias_table(weights: Tensor) -> tuple[Tensor, Tensor]:
+    """Vectorized alias table for weights (n,) > 0: (thresholds in [0, 2^32], alias ids), both int64 (n,).
+
+    Bucket k keeps class k when a uniform integer in [0, 2^32) is below threshold k, else gives alias k.
+    Construction (a vectorized Vose sweep): scale weights to mean 1; light classes (w < 1) are topped up,
+    in order, from the excess of heavy classes (w >= 1), in order; heavy j keeps 1 + E_j - D (E_j = excess
+    prefix, D = deficit prefix when its bucket is placed) and is topped up by heavy j + 1. Every interval
+    lies inside one heavy's supply, so each bucket holds at most two classes.
+    """
+    n = weights.numel()
+    w = weights.to(torch.float64) * (n / weights.to(torch.float64).sum())  # (n,) mean 1
+    light = (w < 1).nonzero().squeeze(1)  # (a,)
+    heavy = (w >= 1).nonzero().squeeze(1)  # (b,) never empty: the mean is 1
+    deficit = torch.cat([w.new_zeros(1), (1 - w[light]).cumsum(0)])  # (a + 1,) D_0 .. D_a
+    excess = (w[heavy] - 1).cumsum(0)  # (b,) E_1 .. E_b
+    placed = torch.searchsorted(deficit, excess).clamp(max=light.numel())  # (b,) lights before heavy j
+    own = torch.zeros(n, dtype=torch.float64)
+    alias = torch.arange(n)
+    own[light] = w[light]
+    own[heavy] = (1 + excess - deficit[placed]).clamp(0, 1)
+    own[heavy[-1]] = 1.0  # the last heavy fills its own bucket (up to rounding)
+    alias[heavy[:-1]] = heavy[1:]
+    donor = torch.searchsorted(excess, deficit[:-1], right=True).clamp(max=heavy.numel() - 1)  # (a,)
+    alias[light] = heavy[donor]
+    threshold = (own * float(1 << _SCALE_BITS)).round().to(torch.int64)  # (n,)
+    threshold[light] = threshold[light].clamp(min=1)  # every class keeps a nonzero probability
+    return threshold, alias

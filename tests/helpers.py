@@ -1,0 +1,41 @@
+"""Test-only Lightning callbacks, referenced from configs by `_target_`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+
+
+class SimulatedCrash(RuntimeError):
+    """The failure CrashAtStep raises."""
+
+
+class CrashAtStep(L.Callback):
+    """Raises after optimizer step `step` (its periodic checkpoint written), like a process killed mid-epoch."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if trainer.global_step >= self.step:
+            raise SimulatedCrash(f"simulated crash after step {self.step}")
+
+
+class SaveTreeSums(L.Callback):
+    """At the end of training, saves this rank's kernel-tree node sums and output weights to `folder`."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def on_train_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        from pathlib import Path
+
+        import torch
+
+        from lmtrain.sampler.kernel.tree import KernelTree
+
+        trees = [m.nodes.detach().cpu().clone() for m in module.modules() if isinstance(m, KernelTree)]
+        weights = {n: p.detach().cpu().clone() for n, p in module.output.named_parameters()}
+        Path(self.folder).mkdir(parents=True, exist_ok=True)
+        torch.save({"trees": trees, "weights": weights}, Path(self.folder) / f"rank{trainer.global_rank}.pt")

@@ -1,0 +1,59 @@
+"""Every config group option composes, presets resolve, and bad overrides get one clear sentence."""
+
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+
+from lmtrain.overrides import CONF_DIR, GROUPS, OverrideError, check_overrides, choices
+from tests.conftest import make_config
+
+OPTIONS = [(g, c) for g in GROUPS for c in choices(g)]
+
+
+@pytest.mark.parametrize(("group", "choice"), OPTIONS, ids=[f"{g}={c}" for g, c in OPTIONS])
+def test_every_group_option_composes(group, choice):
+    overrides = [f"{group}={choice}", "run_dir=/tmp/unused"]
+    if group == "data" and choice == "text":
+        overrides.append("data.path=/tmp/somewhere")
+    if group == "sampler":
+        overrides.append("output=sampled")
+    cfg = make_config(overrides)
+    OmegaConf.resolve(cfg)  # every interpolation must resolve
+    assert cfg.output._target_.startswith("lmtrain.output.")
+
+
+def test_zaremba_small_preset_matches_the_paper():
+    cfg = make_config(["experiment=zaremba_small", "run_dir=/tmp/unused"])
+    assert (cfg.model.hidden_dim, cfg.model.num_layers, cfg.model.dropout) == (200, 2, 0.0)
+    assert (cfg.data.batch_size, cfg.data.bptt, cfg.trainer.max_epochs) == (20, 20, 13)
+    assert (cfg.optim.lr, cfg.optim.clip, cfg.loss_reduction) == (1.0, 5.0, "sum")
+    assert (cfg.optim.schedule.start, cfg.optim.schedule.decay, cfg.model.init_range) == (4, 0.5, 0.1)
+
+
+def test_zaremba_medium_preset_matches_the_paper():
+    cfg = make_config(["experiment=zaremba_medium", "run_dir=/tmp/unused"])
+    assert (cfg.model.hidden_dim, cfg.model.dropout, cfg.data.bptt, cfg.trainer.max_epochs) == (
+        650,
+        0.5,
+        35,
+        39,
+    )
+    assert cfg.optim.schedule.start == 6 and cfg.optim.schedule.decay == pytest.approx(1 / 1.2)
+    assert cfg.model.init_range == 0.05
+
+
+def test_unknown_group_choice_names_the_valid_ones():
+    with pytest.raises(OverrideError, match=r"unknown output 'bogus': choose one of .*full"):
+        check_overrides(["output=bogus"])
+    with pytest.raises(OverrideError, match="unknown data 'nope'"):
+        check_overrides(["-m", "data=ptb,nope"])
+
+
+def test_sampler_option_on_a_strategy_without_that_option_is_refused():
+    with pytest.raises(OverrideError, match=r"sampler\.D is not an option of output=full"):
+        check_overrides(["sampler.D=1024"])
+    if (CONF_DIR / "output" / "rff.yaml").is_file():
+        check_overrides(["output=rff", "sampler.D=1024"])  # accepted
+        with pytest.raises(OverrideError, match=r"it applies to output=.*rff"):
+            check_overrides(["output=uniform", "sampler.D=64"])

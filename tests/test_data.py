@@ -1,0 +1,359 @@
+"""Data layer: corpora, tokenizer + cache, downloads/errors, synthetic source, TBPTT batching, DDP rows."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+import lmtrain.data.tokenizer as tokmod
+from lmtrain.data import (
+    DataError,
+    LMDataModule,
+    StreamSampler,
+    SyntheticDataModule,
+    TextDataModule,
+    WindowDataset,
+    ZipfMarkovSource,
+    batchify,
+    synthetic_corpus,
+)
+from lmtrain.data.synthetic import zipf_probs
+from lmtrain.data.text import format_line
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+SHARED = Path(os.environ.get("LMTRAIN_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
+
+
+def write_corpus(folder: Path, train: str, valid: str, test: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, text in (("train", train), ("valid", valid), ("test", test)):
+        (folder / f"{split}.txt").write_text(text, encoding="utf-8")
+    return folder
+
+
+TRAIN = " b a c \n\n a b a \n"  # counts: a 3, b 2, <eos> 3, c 1; the empty line still gets <eos>
+VALID = " a zz b \n"
+TEST = " c c \n"
+
+
+SMALL: dict = {"batch_size": 2, "bptt": 3, "eval_batch_size": 1}
+
+
+def tiny_again(tmp_path: Path) -> TextDataModule:
+    return TextDataModule(name="tiny", path=str(tmp_path / "corpus"), cache_dir=str(tmp_path / "cache"), **SMALL)
+
+
+def small_dm(tmp_path: Path, **kw: object) -> TextDataModule:
+    folder = write_corpus(tmp_path / "corpus", TRAIN, VALID, TEST)
+    dm = TextDataModule(name="tiny", path=str(folder), cache_dir=str(tmp_path / "cache"), **{**SMALL, **kw})
+    dm.setup()
+    return dm
+
+
+# ---------------------------------------------------------------- tokenizer and cache
+
+
+def test_vocab_order_eos_unk_and_ids(tmp_path: Path) -> None:
+    dm = small_dm(tmp_path, batch_size=2, bptt=3, eval_batch_size=1)
+    # a=3 and <eos>=3 tie: a occurs first; b before c; train has no <unk>, so it is appended with count 0
+    assert dm.vocab == ["a", "<eos>", "b", "c", "<unk>"]
+    assert dm.counts.tolist() == [3, 3, 2, 1, 0]
+    words = [dm.vocab[i] for i in dm.train_ids.tolist()]
+    assert words == ["b", "a", "c", "<eos>", "<eos>", "a", "b", "a", "<eos>"]
+    assert [dm.vocab[i] for i in dm.valid_ids.tolist()] == ["a", "<unk>", "b", "<eos>"]
+    assert dm.num_classes == 5 and dm.entropy_rate is None
+    assert dm.train_ids.dtype == torch.int64 and dm.counts.dtype == torch.int64
+
+
+def test_unk_in_train_is_a_normal_word(tmp_path: Path) -> None:
+    folder = write_corpus(tmp_path / "c", " <unk> x <unk> \n", " y \n", " x \n")
+    dm = TextDataModule(name="u", path=str(folder), cache_dir=None, batch_size=1)
+    dm.setup()
+    assert dm.vocab == ["<unk>", "x", "<eos>"]
+    assert dm.valid_ids.tolist() == [0, 2]  # y -> <unk>
+
+
+def test_warm_start_reads_cache_without_tokenizing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cold = small_dm(tmp_path)
+    (cache,) = (tmp_path / "cache").iterdir()
+    assert cache.name.startswith("tiny-")
+    assert {p.name for p in cache.iterdir()} == {
+        "train.npy",
+        "valid.npy",
+        "test.npy",
+        "vocab.txt",
+        "tokenizer.json",
+        "meta.json",
+    }
+
+    def boom(*args: object) -> None:
+        raise AssertionError("warm start must not tokenize")
+
+    monkeypatch.setattr(tokmod, "tokenize_files", boom)
+    warm = TextDataModule(name="tiny", path=str(tmp_path / "corpus"), cache_dir=str(tmp_path / "cache"), **SMALL)
+    warm.setup()
+    assert warm.vocab == cold.vocab
+    for a, b in (
+        (warm.train_ids, cold.train_ids),
+        (warm.valid_ids, cold.valid_ids),
+        (warm.test_ids, cold.test_ids),
+    ):
+        assert torch.equal(a, b)
+    # the saved tokenizer reproduces the cached ids
+    from tokenizers import Tokenizer
+
+    saved = Tokenizer.from_file(str(cache / "tokenizer.json"))
+    assert saved.encode(" a zz b ").ids == cold.valid_ids.tolist()
+    # changing a file changes the key: that run must tokenize again
+    (tmp_path / "corpus" / "test.txt").write_text(" a \n", encoding="utf-8")
+    with pytest.raises(AssertionError, match="must not tokenize"):
+        TextDataModule(name="tiny", path=str(tmp_path / "corpus"), cache_dir=str(tmp_path / "cache"), **SMALL).setup()
+
+
+def test_corrupt_cache_is_rebuilt(tmp_path: Path) -> None:
+    cold = small_dm(tmp_path)
+    (cache,) = (tmp_path / "cache").iterdir()
+    (cache / "train.npy").write_bytes(b"garbage")  # as if a foreign process broke it
+    again = TextDataModule(name="tiny", path=str(tmp_path / "corpus"), cache_dir=str(tmp_path / "cache"), **SMALL)
+    again.setup()
+    assert torch.equal(again.train_ids, cold.train_ids)
+    assert not [p for p in cache.iterdir() if p.name.endswith(".tmp")]
+
+
+@pytest.mark.skipif(not (SHARED / "ptb" / "train.txt").is_file(), reason="PTB not in LMTRAIN_DATA_DIR/shared data")
+def test_ptb_statistics(tmp_path: Path) -> None:
+    start = time.perf_counter()
+    dm = TextDataModule(name="ptb", root=str(SHARED), cache_dir=str(tmp_path / "cache"))
+    dm.setup()
+    cold = time.perf_counter() - start
+    assert dm.num_classes == 10_000
+    assert (len(dm.train_ids), len(dm.valid_ids), len(dm.test_ids)) == (929_589, 73_760, 82_430)
+    assert int(dm.counts.sum()) == 929_589 and bool((dm.counts[:-1] >= dm.counts[1:]).all())
+    assert int(dm.counts[dm.vocab.index("<eos>")]) == 42_068  # one per line
+    assert int(dm.counts[dm.vocab.index("<unk>")]) == 45_020
+    assert int((dm.valid_ids == dm.vocab.index("<unk>")).sum()) == 3_485  # valid has no OOV beyond <unk>
+    start = time.perf_counter()
+    warm = TextDataModule(name="ptb", root=str(SHARED), cache_dir=str(tmp_path / "cache"))
+    warm.setup()
+    assert time.perf_counter() - start < cold and torch.equal(warm.train_ids, dm.train_ids)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (SHARED / "wikitext-2" / "train.txt").is_file(), reason="WikiText-2 not available")
+def test_wikitext2_statistics(tmp_path: Path) -> None:
+    dm = TextDataModule(name="wikitext-2", root=str(SHARED), cache_dir=None)
+    dm.setup()
+    assert dm.num_classes == 33_278
+    assert (len(dm.train_ids), len(dm.valid_ids), len(dm.test_ids)) == (2_088_628, 217_646, 245_569)
+
+
+# ---------------------------------------------------------------- folders, downloads, errors
+
+
+def test_missing_split_empty_file_and_unknown_corpus(tmp_path: Path) -> None:
+    folder = tmp_path / "part"
+    folder.mkdir()
+    (folder / "train.txt").write_text(" a \n")
+    with pytest.raises(DataError, match=r"is missing valid\.txt, test\.txt"):
+        TextDataModule(name="part", path=str(folder), cache_dir=None, **SMALL).setup()
+    write_corpus(folder, " a \n", "", " a \n")
+    with pytest.raises(DataError, match=r"valid\.txt is empty"):
+        TextDataModule(name="part", path=str(folder), cache_dir=None, **SMALL).setup()
+    write_corpus(folder, " a \n", " \n \n", " a \n")
+    with pytest.raises(DataError, match="has no tokens"):
+        TextDataModule(name="part", path=str(folder), cache_dir=None, **SMALL).setup()
+    with pytest.raises(DataError, match="unknown corpus 'nope'"):
+        TextDataModule(name="nope", root=str(tmp_path), cache_dir=None, **SMALL).setup()
+    assert issubclass(DataError, ValueError)
+
+
+PTB_LIKE = {"hub_dataset": "text", "hub_data_files": {"train": "https://example.invalid/train.txt"}}
+
+
+def test_offline_download_fails_fast_naming_folder_and_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    start = time.perf_counter()
+    dm = TextDataModule(name="ptb", root=str(tmp_path), cache_dir=str(tmp_path / "cache"), **PTB_LIKE)
+    with pytest.raises(DataError) as err:
+        dm.setup()
+    assert time.perf_counter() - start < 5
+    message = str(err.value)
+    assert str(tmp_path / "ptb") in message and "train.txt, valid.txt, test.txt" in message
+    assert "HF_HUB_OFFLINE" in message and "\n" not in message
+
+
+def test_download_failure_and_success(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.setattr("lmtrain.data.text._probe", lambda source: None)
+    calls = []
+
+    def unreachable(*args: object, **kwargs: object) -> None:
+        raise ConnectionError("Couldn't reach the Hub")
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=unreachable))
+    dm = TextDataModule(name="wt", root=str(tmp_path), cache_dir=None, hub_dataset="Salesforce/wikitext", **SMALL)
+    with pytest.raises(DataError, match=r"could not download corpus 'wt'.*train\.txt, valid\.txt, test\.txt"):
+        dm.setup()
+    assert not (tmp_path / "wt" / "train.txt").exists()
+
+    def fake_load(dataset: str, config: str | None, data_files: object = None, cache_dir: str = "") -> dict:
+        calls.append((dataset, config, data_files))
+        rows = {"train": ["", " = T = \n", " a b \n"], "validation": ["a"], "test": [" b \n"]}
+        return {split: {"text": texts} for split, texts in rows.items()}
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=fake_load))
+    dm = TextDataModule(name="wt", root=str(tmp_path), cache_dir=None, hub_dataset="x/y", hub_config="c", **SMALL)
+    dm.setup()
+    assert calls == [("x/y", "c", None)]
+    assert (tmp_path / "wt" / "train.txt").read_text() == " \n = T = \n a b \n"
+    assert (tmp_path / "wt" / "valid.txt").read_text() == " a \n"
+    assert len(dm.train_ids) == 3 + 3 + 2  # 5 tokens + 3 <eos>
+
+
+def test_format_line() -> None:
+    assert format_line("") == " \n"
+    assert format_line(" = A = \n") == " = A = \n"
+    assert format_line("a b") == " a b \n"
+
+
+def test_hydra_data_configs(tmp_path: Path) -> None:
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    write_corpus(tmp_path / "folder", TRAIN * 50, VALID * 30, TEST * 30)
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        for choice in ("ptb", "wikitext2", "wikitext103", "synthetic", "text"):
+            overrides = [f"+data={choice}", f"data.cache_dir={tmp_path / 'cache'}"]
+            if choice == "text":
+                overrides.append(f"data.path={tmp_path / 'folder'}")
+            data = compose(overrides=overrides).data
+            assert {"batch_size", "bptt", "eval_batch_size", "name"} <= set(data)
+            dm = instantiate(data)
+            assert isinstance(dm, LMDataModule)
+            if choice in ("text", "synthetic"):
+                dm.setup()
+                assert len(dm.train_dataloader()) == dm.num_train_windows
+        assert "root" in compose(overrides=["+data=ptb"]).data
+
+
+# ---------------------------------------------------------------- synthetic source
+
+
+def test_synthetic_entropy_rate_matches_long_sample() -> None:
+    source = ZipfMarkovSource(100, zipf_s=1.0, mix=0.3, seed=3)
+    p, pi = source.transition, source.stationary
+    assert torch.allclose(p.sum(1), torch.ones(100, dtype=torch.float64))
+    assert torch.allclose(pi @ p, pi, atol=1e-12) and abs(float(pi.sum()) - 1) < 1e-12
+    x = source.sample(1_000_000, torch.Generator().manual_seed(7))
+    nll = -p[x[:-1], x[1:]].log()  # (N-1,) true conditional surprisal
+    assert abs(float(nll.mean()) - source.entropy_rate) < 0.01
+    pairs = torch.bincount(x[:-1] * 100 + x[1:], minlength=100 * 100).view(100, 100).double()
+    cond = pairs / pairs.sum(1, keepdim=True).clamp_min(1)
+    plug_in = float(-(pairs * cond.clamp_min(1e-300).log()).sum() / pairs.sum())
+    assert source.entropy_rate - 0.03 < plug_in < source.entropy_rate + 0.005  # plug-in is biased low
+    freq = torch.bincount(x, minlength=100).double() / len(x)
+    assert float((freq - pi).abs().max()) < 0.003
+
+
+def test_synthetic_entropy_rate_exact_case() -> None:
+    # mix = 1: every row is the global Zipf, so H is the Zipf entropy and pi is the Zipf itself
+    source = ZipfMarkovSource(50, zipf_s=1.3, mix=1.0, seed=0)
+    z = zipf_probs(50, 1.3)
+    assert math.isclose(source.entropy_rate, float(-(z * z.log()).sum()), rel_tol=1e-12)
+    assert torch.allclose(source.stationary, z, atol=1e-12)
+
+
+def test_synthetic_corpus_deterministic_and_frequency_ordered() -> None:
+    a = synthetic_corpus(vocab_size=60, train_tokens=20_000, valid_tokens=3_000, test_tokens=2_000, seed=5)
+    b = synthetic_corpus(vocab_size=60, train_tokens=20_000, valid_tokens=3_000, test_tokens=2_000, seed=5)
+    c = synthetic_corpus(vocab_size=60, train_tokens=20_000, valid_tokens=3_000, test_tokens=2_000, seed=6)
+    assert torch.equal(a.train, b.train) and torch.equal(a.valid, b.valid) and torch.equal(a.test, b.test)
+    assert a.entropy_rate == b.entropy_rate and not torch.equal(a.train, c.train)
+    assert (len(a.train), len(a.valid), len(a.test)) == (20_000, 3_000, 2_000)
+    assert a.vocab[:3] == ["w0", "w1", "w2"] and "<eos>" not in a.vocab
+    assert torch.equal(a.counts, torch.bincount(a.train, minlength=60))
+    assert bool((a.counts[:-1] >= a.counts[1:]).all())
+    assert 0 < a.entropy_rate < math.log(60)
+    with pytest.raises(DataError, match="vocab_size"):
+        synthetic_corpus(vocab_size=1)
+
+
+def test_synthetic_datamodule() -> None:
+    dm = SyntheticDataModule(vocab_size=50, train_tokens=5_000, valid_tokens=1_000, test_tokens=1_000)
+    dm.setup()
+    assert dm.num_classes == 50 and dm.entropy_rate is not None and dm.entropy_rate > 0
+    x, y = next(iter(dm.val_dataloader()))
+    assert x.shape == (10, 35) and torch.equal(x[:, 1:], y[:, :-1])
+
+
+# ---------------------------------------------------------------- batching, resume, DDP
+
+
+def test_batchify_and_windows_cover_the_stream_in_order() -> None:
+    ids = torch.arange(103)
+    data = batchify(ids, 4)  # (4, 25), 3 tokens dropped
+    assert data.shape == (4, 25) and torch.equal(data[1], torch.arange(25, 50))
+    windows = WindowDataset(data, bptt=7)
+    assert len(windows) == math.ceil(24 / 7) == 4
+    inputs = torch.cat([windows[i][0] for i in range(len(windows))], 1)
+    targets = torch.cat([windows[i][1] for i in range(len(windows))], 1)
+    assert torch.equal(inputs, data[:, :-1]) and torch.equal(targets, data[:, 1:])
+    assert windows[3][0].shape == (4, 3)  # the last window is shorter
+    for i in range(len(windows) - 1):  # continuity: the next window starts where this one's targets end
+        assert torch.equal(windows[i][1][:, -1], windows[i + 1][0][:, 0])
+    with pytest.raises(DataError, match="too few"):
+        batchify(torch.arange(5), 4)
+
+
+def test_train_loader_resume_mid_epoch() -> None:
+    dm = SyntheticDataModule(
+        vocab_size=30, train_tokens=4_000, valid_tokens=500, test_tokens=500, batch_size=4, bptt=10
+    )
+    dm.setup()
+    full = list(dm.train_dataloader())
+    assert len(full) == dm.num_train_windows == math.ceil((4_000 // 4 - 1) / 10)
+    dm.train_sampler.set_start(37)
+    loader = dm.train_dataloader()
+    assert len(loader) == dm.num_train_windows  # the epoch length Lightning plans with stays the same
+    resumed = list(loader)
+    assert len(resumed) == dm.num_train_windows - 37
+    for (x, y), (x_ref, y_ref) in zip(resumed, full[37:], strict=True):
+        assert torch.equal(x, x_ref) and torch.equal(y, y_ref)
+    assert dm.train_sampler.start == 0 and len(list(dm.train_dataloader())) == dm.num_train_windows
+    sampler = StreamSampler(dm.num_train_windows, start=12)
+    other = StreamSampler(dm.num_train_windows)
+    other.load_state_dict(sampler.state_dict())
+    assert next(iter(other)) == 12
+    with pytest.raises(DataError, match="same data"):
+        StreamSampler(5).load_state_dict(sampler.state_dict())
+
+
+def test_ddp_ranks_see_the_single_process_positions() -> None:
+    kw = dict(vocab_size=30, train_tokens=3_000, valid_tokens=800, test_tokens=800, batch_size=4, bptt=9)
+    single = SyntheticDataModule(**kw)
+    single.setup()
+    ranks = []
+    for rank in range(2):
+        dm = SyntheticDataModule(**kw)
+        dm.trainer = types.SimpleNamespace(world_size=2, global_rank=rank)
+        dm.setup()
+        ranks.append(dm)
+    for make in ("train_dataloader", "val_dataloader", "test_dataloader"):
+        one = list(getattr(single, make)())
+        parts = [list(getattr(dm, make)()) for dm in ranks]
+        assert len(parts[0]) == len(parts[1]) == len(one)
+        for (x, y), (x0, y0), (x1, y1) in zip(one, *parts, strict=True):
+            assert torch.equal(x, torch.cat([x0, x1])) and torch.equal(y, torch.cat([y0, y1]))
+    odd = SyntheticDataModule(**{**kw, "batch_size": 3})
+    odd.trainer = types.SimpleNamespace(world_size=2, global_rank=0)
+    odd.setup()
+    with pytest.raises(DataError, match="not divisible"):
+        odd.train_dataloader()

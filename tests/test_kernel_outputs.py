@@ -1,0 +1,137 @@
+"""output=quadratic / output=rff: exact evaluation, sparse training with tree refresh, resume, configs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hydra.errors import InstantiationException
+
+from lmtrain.build import build_output
+from lmtrain.optim import build_optimizer
+from lmtrain.output import AbsoluteSampledSoftmax, CosineSampledSoftmax
+from lmtrain.sampler import QuadraticSampler, RFFSampler
+from lmtrain.sampler.kernel import KernelTree
+from tests.conftest import make_config
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Single-threaded: on the shared 2-core machine, OpenMP hand-offs cost more than they save here."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def train(output: torch.nn.Module, steps: int, seed: int = 0) -> list[float]:
+    """A few sparse-SGD steps on random hidden states, refreshing the tree after each step."""
+    gen = torch.Generator().manual_seed(seed)
+    optimizer = build_optimizer("sgd", [], output.sparse_parameters(), lr=0.5)
+    losses = []
+    for _ in range(steps):
+        hidden = torch.randn(16, output.dim, generator=gen)
+        target = torch.randint(0, output.num_classes, (16,), generator=gen)
+        optimizer.zero_grad()
+        loss = output.loss(hidden, target)
+        loss.backward()
+        assert output.weight.grad.is_sparse
+        optimizer.step()
+        output.after_optimizer_step()
+        losses.append(loss.item())
+    return losses
+
+
+def assert_tree_matches_weights(output: torch.nn.Module) -> None:
+    fresh = KernelTree(output.sampler.features, leaf_size=output.sampler.tree.leaf_size)
+    fresh.rebuild(output.weight.detach())
+    torch.testing.assert_close(output.sampler.tree.nodes, fresh.nodes, rtol=1e-5, atol=1e-5)
+
+
+def test_absolute_softmax_scores_and_normalizes():
+    torch.manual_seed(0)
+    output = AbsoluteSampledSoftmax(50, 6, QuadraticSampler(leaf_size=4), num_samples=8, eval_chunk=16)
+    output.weight.data[:, -1].uniform_(-0.5, 0.5)  # a non-zero bias
+    hidden = torch.randn(3, 6)
+    logits = (torch.cat([hidden, torch.ones(3, 1)], 1) @ output.weight.T).abs()  # |W h + b|
+    every = torch.arange(50)
+    log_p = torch.stack([output.log_prob(hidden, every[i].expand(3)) for i in range(50)], 1)  # (3, 50)
+    torch.testing.assert_close(log_p, torch.log_softmax(logits, 1), rtol=1e-5, atol=1e-5)
+
+
+def test_cosine_softmax_scores_and_normalizes():
+    torch.manual_seed(1)
+    output = CosineSampledSoftmax(40, 5, RFFSampler(D=32, seed=0), num_samples=8, tau=7.0, eval_chunk=16)
+    assert output.weight.shape == (40, 5)  # bias=False
+    hidden = torch.randn(3, 5)
+    cos = torch.nn.functional.normalize(hidden, dim=1) @ torch.nn.functional.normalize(output.weight, dim=1).T
+    log_p = torch.stack([output.log_prob(hidden, torch.full((3,), i)) for i in range(40)], 1)
+    torch.testing.assert_close(log_p, torch.log_softmax(7.0 * cos, 1), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["quadratic", "rff"])
+def test_sparse_training_keeps_the_tree_current(kind):
+    torch.manual_seed(2)
+    if kind == "quadratic":
+        output = AbsoluteSampledSoftmax(300, 8, QuadraticSampler(), num_samples=20)
+    else:
+        output = CosineSampledSoftmax(300, 8, RFFSampler(D=64, seed=0), num_samples=20)
+    before = output.sampler.tree.nodes.clone()
+    losses = train(output, steps=5)
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert not torch.equal(output.sampler.tree.nodes, before)  # the hook refreshed it...
+    assert_tree_matches_weights(output)  # ...to exactly what the current weights give
+
+
+def test_resume_restores_omega_and_the_same_draws():
+    torch.manual_seed(3)
+    first = CosineSampledSoftmax(300, 8, RFFSampler(D=64, seed=11), num_samples=20)
+    train(first, steps=3)
+    state = {k: v.clone() for k, v in first.state_dict().items()}
+    assert set(state) == {"weight", "sampler.tree.features.omega"}  # the tree itself is not stored
+
+    resumed = CosineSampledSoftmax(300, 8, RFFSampler(D=64, seed=12), num_samples=20)
+    omega = resumed.sampler.features.omega
+    assert not torch.equal(omega, state["sampler.tree.features.omega"])
+    resumed.load_state_dict(state)
+    assert torch.equal(resumed.sampler.features.omega, first.sampler.features.omega)
+    assert_tree_matches_weights(resumed)
+
+    query = torch.randn(6, 8)
+    torch.manual_seed(5)
+    ids_a, log_q_a = first.sampler.sample(query, 50)
+    torch.manual_seed(5)
+    ids_b, log_q_b = resumed.sampler.sample(query, 50)
+    assert torch.equal(ids_a, ids_b)
+    torch.testing.assert_close(log_q_a, log_q_b)
+    torch.manual_seed(6)  # and training goes on identically
+    losses_a = train(first, steps=2, seed=9)
+    torch.manual_seed(6)
+    losses_b = train(resumed, steps=2, seed=9)
+    assert losses_a == pytest.approx(losses_b, rel=1e-5)
+    torch.testing.assert_close(first.weight, resumed.weight)
+
+
+def test_configs_build_the_kernel_strategies():
+    counts = torch.arange(500, 0, -1)
+    cfg = make_config(["~data", "output=rff", "sampler.D=96", "seed=7"])
+    output = build_output(cfg, num_classes=500, dim=16, counts=counts)
+    assert isinstance(output, CosineSampledSoftmax) and isinstance(output.sampler, RFFSampler)
+    features = output.sampler.features
+    assert features.num_frequencies == 96 and features.nu == pytest.approx(4.0) and features.seed == 7
+    assert features.omega.shape == (96, 16)
+    assert output.tau == pytest.approx(1 / 0.3**2) and output.num_samples == 100
+
+    cfg = make_config(["~data", "output=rff", "sampler.temperature=0.25", "output.tau=5"])
+    output = build_output(cfg, num_classes=500, dim=16, counts=counts)
+    assert output.sampler.features.nu == pytest.approx(16.0) and output.tau == 5.0
+
+    cfg = make_config(["~data", "output=quadratic", "sampler.leaf_size=8"])
+    output = build_output(cfg, num_classes=500, dim=16, counts=counts)
+    assert isinstance(output, AbsoluteSampledSoftmax) and isinstance(output.sampler, QuadraticSampler)
+    assert output.sampler.features.alpha == 100.0 and output.sampler.tree.bucket_size <= 8
+    assert output.weight.shape == (500, 17)  # [W, b]
+
+    with pytest.raises((ValueError, InstantiationException), match="tau must be positive"):
+        build_output(make_config(["~data", "output=rff", "output.tau=0"]), 500, 16, counts)
+    with pytest.raises((ValueError, InstantiationException), match="leaf_size must be"):
+        build_output(make_config(["~data", "output=quadratic", "sampler.leaf_size=0"]), 500, 16, counts)

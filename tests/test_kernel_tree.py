@@ -1,0 +1,165 @@
+"""KernelTree: exact log q, draws that follow it, sparse updates equal to a rebuild (DESIGN §3)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from lmtrain.sampler.kernel import (
+    FeatureMap,
+    KernelSampler,
+    KernelTree,
+    QuadraticFeatures,
+    RandomFourierFeatures,
+)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Single-threaded: on the shared 2-core machine, OpenMP hand-offs cost more than they save here."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# dense_factor 0 forces per-walker gathers everywhere, a huge one forces one GEMM per level
+PATHS = {"gather": 0, "dense": 10**9, "auto": 64}
+
+
+def make_features(kind: str) -> FeatureMap:
+    return QuadraticFeatures(alpha=100.0) if kind == "quadratic" else RandomFourierFeatures(D=64, nu=4.0, seed=3)
+
+
+def make_tree(kind: str, weight: torch.Tensor, path: str = "auto", leaf_size: int = 3, chunk: int = 600) -> KernelTree:
+    """A tree whose small ``chunk`` makes sampling and building run in several memory blocks."""
+    tree = KernelTree(make_features(kind), leaf_size=leaf_size, dense_factor=PATHS[path], chunk_elements=chunk)
+    tree.rebuild(weight)
+    return tree
+
+
+def augmented(n: int, d: int, seed: int) -> torch.Tensor:
+    """Class vectors [w, b] with a non-zero bias column, as the quadratic output stores them."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.cat([0.3 * torch.randn(n, d, generator=gen), 0.5 * torch.randn(n, 1, generator=gen)], 1)
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("kind", ["quadratic", "rff"])
+def test_log_q_is_a_distribution_and_draws_follow_it(kind, path):
+    n, d = 37, 5  # leaf_size 3 -> 16 buckets of 3, the last 3 empty
+    weight = augmented(n, d, seed=0)
+    tree = make_tree(kind, weight, path)
+    assert tree.num_buckets == 16 and (tree.floor[-3:] == 0).all()
+    gen = torch.Generator().manual_seed(1)
+    query = torch.cat([torch.randn(3, d, generator=gen), torch.ones(3, 1)], 1)  # [h, 1]
+    every = torch.arange(n).expand(3, n)
+    q = tree.log_q(query, every).exp()  # (3, n)
+    torch.testing.assert_close(q.sum(1), torch.ones(3), rtol=0, atol=1e-5)
+
+    torch.manual_seed(2)
+    draws = 30_000
+    ids, log_q = tree.sample(query, draws)
+    assert ids.shape == log_q.shape == (3, draws) and ids.min() >= 0 and ids.max() < n
+    torch.testing.assert_close(log_q, tree.log_q(query, ids), rtol=0, atol=1e-5)  # log q of what was drawn
+    for row in range(3):
+        observed = torch.bincount(ids[row], minlength=n).double()
+        expected = q[row].double() * draws
+        big = expected >= 5  # pool the rare classes so the chi-square approximation holds
+        obs, exp = observed[big], expected[big]
+        if not big.all():
+            obs = torch.cat([obs, observed[~big].sum().view(1)])
+            exp = torch.cat([exp, expected[~big].sum().view(1)])
+        exp = exp * obs.sum() / exp.sum()
+        assert chisquare(obs.numpy(), exp.numpy()).pvalue > 1e-4
+
+
+@pytest.mark.parametrize("path", ["gather", "dense"])
+def test_quadratic_proposal_equals_brute_force_kernel(path):
+    n, d = 50, 6
+    weight = augmented(n, d, seed=4)
+    tree = make_tree("quadratic", weight, path, leaf_size=4)
+    gen = torch.Generator().manual_seed(5)
+    query = torch.cat([torch.randn(4, d, generator=gen), torch.ones(4, 1)], 1)
+    kernel = 100.0 * (query @ weight.T) ** 2 + 1.0  # (4, n)
+    brute = kernel / kernel.sum(1, keepdim=True)
+    torch.testing.assert_close(tree.log_q(query, torch.arange(n).expand(4, n)).exp(), brute, rtol=1e-4, atol=1e-7)
+
+
+def test_rff_kernel_estimate_converges_like_one_over_d():
+    gen = torch.Generator().manual_seed(6)
+    x = torch.nn.functional.normalize(torch.randn(2000, 16, generator=gen), dim=1)
+    y = torch.nn.functional.normalize(x + 0.8 * torch.randn(2000, 16, generator=gen), dim=1)  # spread of cosines
+    mse = []
+    for D in (32, 128, 512, 2048):
+        errors = []
+        for seed in range(3):
+            rff = RandomFourierFeatures(D=D, nu=4.0, seed=seed)
+            estimate = (rff(x) * rff(y)).sum(1)
+            exact = rff.kernel(x, y)
+            torch.testing.assert_close(exact, torch.exp(4.0 * ((x * y).sum(1) - 1)))  # ∝ exp(nu cos)
+            errors.append((estimate - exact).pow(2).mean())
+        mse.append(torch.stack(errors).mean().item())
+    assert all(a > b for a, b in zip(mse, mse[1:], strict=False)), mse
+    ratio = mse[0] / mse[-1]  # D grew 64x
+    assert 64 / 3 < ratio < 64 * 3, mse
+
+
+@pytest.mark.parametrize("kind", ["quadratic", "rff"])
+def test_sparse_updates_match_a_rebuild_without_drift(kind):
+    n, d = 203, 7
+    weight = augmented(n, d, seed=7)
+    tree = make_tree(kind, weight, leaf_size=4, chunk=1 << 22)
+    gen = torch.Generator().manual_seed(8)
+    scale = tree.nodes.abs().max()
+    errors = []
+    for round_ in range(100):
+        rows = torch.randint(0, n, (int(torch.randint(1, 12, (1,), generator=gen)),), generator=gen)
+        before = tree.nodes.clone()
+        weight[rows] += 0.05 * torch.randn(rows.numel(), d + 1, generator=gen)  # in place, like SGD
+        tree.update(weight, rows)
+        heap = torch.unique(rows // tree.bucket_size) + tree.num_buckets - 1
+        touched = {int(i) for i in heap}
+        for i in heap.tolist():
+            while i > 0:
+                i = (i - 1) // 2
+                touched.add(i)
+        untouched = torch.tensor(sorted(set(range(tree.nodes.shape[0])) - touched))
+        assert torch.equal(tree.nodes[untouched], before[untouched])  # only changed buckets and ancestors
+        if round_ in (9, 99):
+            fresh = make_tree(kind, weight, leaf_size=4)
+            errors.append((tree.nodes - fresh.nodes).abs().max() / scale)
+    assert errors[0] < 1e-5 and errors[1] < 1e-5  # float rounding only
+    assert errors[1] <= max(4 * errors[0], 1e-6)  # and no growth with the number of updates
+
+
+def test_sampler_logs_once_when_a_dense_optimizer_forces_rebuilds(caplog):
+    sampler = KernelSampler(QuadraticFeatures(), leaf_size=4)
+    weight = augmented(40, 3, seed=9)
+    query = torch.cat([torch.randn(2, 3), torch.ones(2, 1)], 1)
+    with caplog.at_level("INFO", logger="lmtrain"):
+        sampler.update(weight)  # the initial build
+        sampler.update(weight)  # e.g. after a checkpoint load: nothing drawn since, not a dense step
+        assert not caplog.records
+        for _ in range(3):
+            sampler.sample(query, 5)
+            weight += 0.01
+            sampler.update(weight)  # dense optimizer: rows=None every step
+    assert len(caplog.records) == 1 and "rebuilt after every step" in caplog.records[0].getMessage()
+    fresh = make_tree("quadratic", weight, leaf_size=4)
+    torch.testing.assert_close(sampler.tree.nodes, fresh.nodes)
+
+
+def test_bad_settings_raise_value_errors():
+    with pytest.raises(ValueError, match="leaf_size"):
+        KernelTree(QuadraticFeatures(), leaf_size=0)
+    with pytest.raises(ValueError, match="eps"):
+        KernelTree(QuadraticFeatures(), eps=0.0)
+    with pytest.raises(ValueError, match="alpha"):
+        QuadraticFeatures(alpha=-1.0)
+    with pytest.raises(ValueError, match="sampler.D"):
+        RandomFourierFeatures(D=0)
+    with pytest.raises(ValueError, match="temperature"):
+        RandomFourierFeatures(temperature=0.0)
+    assert RandomFourierFeatures(nu=9.0, temperature=0.5).nu == pytest.approx(4.0)

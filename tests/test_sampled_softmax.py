@@ -1,0 +1,209 @@
+"""Sampled softmax: exactness with the model's own softmax, (un)biased gradients, the formula, options."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hydra import compose, initialize_config_dir
+
+from lmtrain.build import build_output
+from lmtrain.output import SampledSoftmax
+from lmtrain.overrides import CONF_DIR
+from lmtrain.sampler import Sampler, SoftmaxSampler, UniformSampler, UnigramSampler
+
+N_CLASSES, DIM = 30, 8
+
+
+def full_logits(layer: SampledSoftmax, hidden: torch.Tensor) -> torch.Tensor:
+    return layer.query(hidden) @ layer.weight.T  # (N, n)
+
+
+def make_layer(sampler: Sampler, seed: int = 0, **kwargs) -> SampledSoftmax:
+    torch.manual_seed(seed)
+    layer = SampledSoftmax(N_CLASSES, DIM, sampler, init_range=0.5, **kwargs)
+    with torch.no_grad():
+        layer.weight[:, -1].uniform_(-1, 1)  # nonzero biases, so the bias column is exercised too
+    return layer
+
+
+def batch(rows: int = 16, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, DIM, generator=gen), torch.randint(N_CLASSES, (rows,), generator=gen)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_softmax_proposal_gives_the_full_softmax_loss_on_every_draw(bias):
+    layer = make_layer(SoftmaxSampler(N_CLASSES), num_samples=10, bias=bias)
+    hidden, target = batch()
+    full = F.cross_entropy(full_logits(layer, hidden), target)
+    for seed in range(20):
+        torch.manual_seed(seed)
+        torch.testing.assert_close(layer.loss(hidden, target), full, rtol=1e-5, atol=1e-5)
+
+
+def monte_carlo_logit_gradient(sampler: Sampler, num_samples: int, batches: int = 40, rows: int = 400):
+    """Mean and standard error of d loss / d logits over batches of draws, and the full-softmax gradient.
+
+    With h = 0 the query is [0, ..., 0, 1], so the logits are the bias column and its gradient is the
+    gradient w.r.t. the logits. Each batch averages ``rows`` independent draws for the same position.
+    """
+    torch.manual_seed(1)
+    layer = SampledSoftmax(20, 4, sampler, num_samples=num_samples)
+    logits = 2.0 * torch.randn(20)
+    with torch.no_grad():
+        layer.weight[:, -1] = logits
+    target = int(logits.argmin())  # a small q_t: k_t = 0 (every draw a hit) practically never happens
+    hidden, targets = torch.zeros(rows, 4), torch.full((rows,), target)
+    grads = []
+    for _ in range(batches):
+        layer.weight.grad = None
+        layer.loss(hidden, targets).backward()
+        grads.append(layer.weight.grad.to_dense()[:, -1])
+    grads = torch.stack(grads)  # (batches, n)
+    full = torch.softmax(logits, 0) - F.one_hot(torch.tensor(target), 20)
+    return grads.mean(0), grads.std(0) / math.sqrt(batches), full
+
+
+def test_softmax_proposal_gradient_is_unbiased():
+    mean, stderr, full = monte_carlo_logit_gradient(SoftmaxSampler(20), num_samples=5)
+    assert ((mean - full).abs() <= 4.5 * stderr + 1e-5).all(), ((mean - full).abs() / stderr).max()
+
+
+def test_uniform_proposal_gradient_is_biased_at_small_m():
+    mean, stderr, full = monte_carlo_logit_gradient(UniformSampler(20), num_samples=2)
+    assert ((mean - full).abs() / stderr).max() > 10
+    assert (mean - full).abs().max() > 0.05
+
+
+def reference_loss(layer, hidden, target, ids, log_q_all, exact: bool, remove_hits: bool) -> torch.Tensor:
+    """DESIGN §3 written out on the full logit matrix, for given negatives and a context-free q."""
+    logits = full_logits(layer, hidden).detach()  # (N, n)
+    ids = ids.expand(hidden.shape[0], -1) if ids.dim() == 1 else ids  # (N, m)
+    m = ids.shape[1]
+    o_t = logits.gather(1, target[:, None])  # (N, 1)
+    o_s = logits.gather(1, ids)
+    hits = ids == target[:, None]
+    if exact and remove_hits:
+        kept = (m - hits.sum(1, keepdim=True)).clamp(min=1).float()
+        rest = 1 - log_q_all[target].exp()[:, None]  # 1 - q_t
+        o_s = o_s - torch.log(kept * log_q_all[ids].exp() / rest)
+    else:
+        o_s = o_s - torch.log(m * log_q_all[ids].exp())
+    if remove_hits:
+        o_s = o_s.masked_fill(hits, -math.inf)
+    return (torch.logsumexp(torch.cat([o_t, o_s], 1), 1) - o_t[:, 0]).mean()
+
+
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("correction", ["exact", "classic"])
+@pytest.mark.parametrize("remove_hits", [True, False])
+@pytest.mark.parametrize("kind", ["uniform", "unigram"])
+def test_loss_matches_the_direct_formula(shared, correction, remove_hits, kind):
+    counts = torch.arange(N_CLASSES, 0, -1) ** 2
+    sampler = UniformSampler(N_CLASSES) if kind == "uniform" else UnigramSampler(N_CLASSES, counts)
+    layer = make_layer(
+        sampler,
+        num_samples=12,
+        correction=correction,
+        remove_accidental_hits=remove_hits,
+        shared_negatives=shared,
+    )
+    hidden, target = batch()
+    torch.manual_seed(5)
+    ids, _, _ = layer.draw(hidden)
+    assert ids.shape == ((12,) if shared else (16, 12))
+    torch.manual_seed(5)
+    loss = layer.loss(hidden, target)
+    log_q_all = sampler.log_q(None, torch.arange(N_CLASSES))
+    expected = reference_loss(layer, hidden, target, ids, log_q_all, correction == "exact", remove_hits)
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_unique_draws_distinct_negatives_with_expected_count_correction():
+    counts = torch.arange(N_CLASSES, 0, -1) ** 2
+    sampler = UnigramSampler(N_CLASSES, counts)
+    layer = make_layer(sampler, num_samples=10, unique=True)
+    hidden, target = batch()
+    torch.manual_seed(7)
+    ids, log_q, tries = layer.draw(hidden)
+    assert ids.unique().numel() == 10 and tries >= 10
+    torch.manual_seed(7)
+    loss = layer.loss(hidden, target)
+    logits = full_logits(layer, hidden).detach()
+    expected_count = 1 - (1 - log_q.exp()) ** tries  # (m,)
+    o_s = (logits[:, ids] - expected_count.log()).masked_fill(ids[None] == target[:, None], -math.inf)
+    o_t = logits.gather(1, target[:, None])
+    expected = (torch.logsumexp(torch.cat([o_t, o_s], 1), 1) - o_t[:, 0]).mean()
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_log_prob_is_the_exact_full_softmax(bias):
+    layer = make_layer(UniformSampler(N_CLASSES), bias=bias, eval_chunk=7)  # several vocabulary chunks
+    hidden, target = batch()
+    expected = torch.log_softmax(full_logits(layer, hidden), 1).gather(1, target[:, None])[:, 0]
+    torch.testing.assert_close(layer.log_prob(hidden, target), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_training_gradient_touches_only_the_target_and_sampled_rows():
+    layer = make_layer(UniformSampler(N_CLASSES), num_samples=5)
+    hidden, target = batch(rows=4)
+    torch.manual_seed(3)
+    ids, _, _ = layer.draw(hidden)
+    torch.manual_seed(3)
+    layer.loss(hidden, target).backward()
+    grad = layer.weight.grad
+    assert grad.is_sparse
+    touched = set(grad.coalesce().indices()[0].tolist())
+    assert touched == set(ids.tolist()) | set(target.tolist())
+
+
+def test_state_dict_load_points_the_softmax_sampler_at_the_loaded_weights():
+    source = make_layer(SoftmaxSampler(N_CLASSES), seed=1)
+    layer = make_layer(SoftmaxSampler(N_CLASSES), seed=2)
+    layer.load_state_dict(source.state_dict())
+    hidden, target = batch()
+    torch.testing.assert_close(
+        layer.sampler.log_q(layer.query(hidden), target[:, None]),
+        torch.log_softmax(full_logits(source, hidden), 1).gather(1, target[:, None]),
+    )
+    assert layer.sampler._weight.data_ptr() == layer.weight.data_ptr()
+
+
+@pytest.mark.parametrize(
+    ("sampler", "kwargs", "message"),
+    [
+        (UniformSampler(N_CLASSES), {"num_samples": 0}, "num_samples must be a positive"),
+        (UniformSampler(N_CLASSES), {"correction": "bogus"}, "correction must be"),
+        (SoftmaxSampler(N_CLASSES), {"unique": True}, "unique=true needs shared negatives"),
+        (UniformSampler(N_CLASSES), {"unique": True, "shared_negatives": False}, "unique=true needs shared"),
+        (UniformSampler(N_CLASSES), {"unique": True, "num_samples": N_CLASSES}, "num_samples < num_classes"),
+    ],
+)
+def test_bad_options_raise_value_error(sampler, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SampledSoftmax(N_CLASSES, DIM, sampler, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "sampler_type"),
+    [
+        (["output=uniform"], UniformSampler),
+        (["output=unigram"], UnigramSampler),
+        (["output=exp"], SoftmaxSampler),
+        (["output=sampled", "sampler=unigram", "sampler.distribution=log_uniform"], UnigramSampler),
+    ],
+)
+def test_configs_build_the_strategies(overrides, sampler_type):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=["~data", *overrides])
+    output = build_output(cfg, N_CLASSES, DIM, torch.arange(N_CLASSES, 0, -1))
+    assert isinstance(output, SampledSoftmax) and isinstance(output.sampler, sampler_type)
+    assert output.num_samples == 100 and output.weight.shape == (N_CLASSES, DIM + 1)
+    if overrides == ["output=unigram"]:
+        assert output.sampler.power == 1.0 and output.sampler.distribution == "unigram"
+    hidden, target = batch()
+    assert torch.isfinite(output.loss(hidden, target))

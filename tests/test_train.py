@@ -1,0 +1,125 @@
+"""End-to-end runs of `train(cfg)` on the synthetic corpus: learning, resume, and protection of old files."""
+
+from __future__ import annotations
+
+import csv
+import math
+
+import pytest
+import torch
+
+from lmtrain.checkpoints import CheckpointError
+from lmtrain.module import NonFiniteLossError
+from lmtrain.run import train
+from tests.helpers import SimulatedCrash
+
+
+def csv_rows(path):
+    """metrics.csv rows without their empty cells (a later header may add columns)."""
+    with open(path, newline="") as f:
+        return [{k: v for k, v in row.items() if v} for row in csv.DictReader(f)]
+
+
+def weights(run_dir):
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+
+
+def test_training_lowers_val_ppl_toward_the_entropy_bound(tiny_config, tmp_path):
+    cfg = tiny_config("trainer.max_epochs=3", "optim=adam", "optim.lr=0.01", "loss_reduction=mean")
+    metrics = train(cfg)
+    from hydra.utils import instantiate
+
+    dm = instantiate(cfg.data)
+    dm.setup()
+    best_possible = math.exp(dm.entropy_rate)
+    uniform = dm.num_classes
+    # the model must close most of the gap between a uniform guess and the true source's perplexity
+    assert metrics["val/ppl_best"] < best_possible + 0.5 * (uniform - best_possible)
+    assert metrics["val/ppl_best"] > best_possible * 0.97  # nobody beats the true entropy rate
+    assert math.isfinite(metrics["test/ppl"])
+    run = tmp_path / "run"
+    for name in ("metrics.csv", "config.yaml", "run.json", "checkpoints/last.ckpt"):
+        assert (run / name).is_file(), name
+    assert list((run / "checkpoints").glob("best-*.ckpt"))
+
+
+@pytest.mark.parametrize("crash_after", [13, 45])  # 31 windows per epoch: in epoch 1, and in epoch 2
+def test_resume_mid_epoch_matches_uninterrupted_run(tiny_config, tmp_path, crash_after):
+    """Crash mid-epoch (after a periodic checkpoint), resume with ckpt_path=last, compare with one straight run."""
+    common = [
+        "trainer.max_epochs=2",
+        "model.dropout=0.3",
+        "checkpoint_every_n_steps=4",
+        "test_after_fit=false",
+        "data.train_tokens=10000",
+        "trainer.log_every_n_steps=2",
+    ]
+    straight = tmp_path / "straight"
+    expected = train(tiny_config(*common, run_dir=straight))
+
+    split = tmp_path / "split"
+    with pytest.raises(SimulatedCrash):
+        train(
+            tiny_config(
+                *common,
+                "+callbacks.crash._target_=tests.helpers.CrashAtStep",
+                f"+callbacks.crash.step={crash_after}",
+                run_dir=split,
+            )
+        )
+    rows_before = csv_rows(split / "metrics.csv")
+    resumed = train(tiny_config(*common, "ckpt_path=last", run_dir=split))
+
+    a, b = weights(straight), weights(split)
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-6, atol=1e-7, msg=key)
+    assert resumed["val/ppl"] == pytest.approx(expected["val/ppl"], rel=1e-6)
+    rows_after = csv_rows(split / "metrics.csv")
+    assert rows_before and rows_after[: len(rows_before)] == rows_before  # resumed run appended; nothing lost
+
+
+def test_existing_run_folder_is_not_overwritten(tiny_config, tmp_path):
+    cfg = tiny_config("trainer.max_steps=3", "test_after_fit=false")
+    train(cfg)
+    before = (tmp_path / "run" / "checkpoints" / "last.ckpt").read_bytes()
+    with pytest.raises(CheckpointError, match="already holds checkpoints"):
+        train(cfg)
+    assert (tmp_path / "run" / "checkpoints" / "last.ckpt").read_bytes() == before
+
+
+def test_bad_checkpoints_give_clear_errors(tiny_config, tmp_path):
+    with pytest.raises(CheckpointError, match="does not exist"):
+        train(tiny_config(f"ckpt_path={tmp_path / 'nowhere.ckpt'}", run_dir=tmp_path / "a"))
+    corrupt = tmp_path / "corrupt.ckpt"
+    corrupt.write_bytes(b"not a checkpoint at all")
+    with pytest.raises(CheckpointError, match="not a readable"):
+        train(tiny_config(f"ckpt_path={corrupt}", run_dir=tmp_path / "b"))
+    train(tiny_config("trainer.max_steps=2", "test_after_fit=false", run_dir=tmp_path / "c"))
+    with pytest.raises(CheckpointError, match="does not match"):
+        train(
+            tiny_config(
+                "model.hidden_dim=48",
+                f"ckpt_path={tmp_path / 'c/checkpoints/last.ckpt'}",
+                run_dir=tmp_path / "d",
+            )
+        )
+
+
+def test_nan_loss_stops_with_step_and_keeps_last_good_checkpoint(tiny_config, tmp_path):
+    run = tmp_path / "run"
+    train(tiny_config("trainer.max_steps=4", "test_after_fit=false", "checkpoint_every_n_steps=2"))
+    good = (run / "checkpoints" / "last.ckpt").read_bytes()
+    with pytest.raises(NonFiniteLossError, match=r"global step \d+"):
+        train(
+            tiny_config(
+                "trainer.max_steps=50",
+                "optim.lr=1e30",
+                "optim.clip=null",
+                "ckpt_path=last",
+                "checkpoint_every_n_steps=1000",
+            )
+        )
+    ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)
+    assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values())
+    assert (run / "checkpoints" / "last.ckpt").read_bytes() == good  # nothing overwrote the good checkpoint
