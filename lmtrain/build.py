@@ -11,11 +11,20 @@ from torch import Tensor
 
 
 def accepted(target: str, runtime: dict[str, Any]) -> dict[str, Any]:
-    """The subset of `runtime` kwargs that `target`'s __init__ takes (all of them if it takes **kwargs)."""
-    params = inspect.signature(get_class(target).__init__).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return dict(runtime)
-    return {k: v for k, v in runtime.items() if k in params}
+    """The subset of `runtime` kwargs that `target`'s __init__ takes.
+
+    A constructor with ``**kwargs`` forwards them to its base class, so the named parameters along the
+    class hierarchy count, up to the first constructor without ``**kwargs``.
+    """
+    names: set[str] = set()
+    for cls in get_class(target).__mro__:
+        if "__init__" not in vars(cls):
+            continue
+        params = inspect.signature(cls.__init__).parameters
+        names |= {n for n, p in params.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+        if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            break
+    return {k: v for k, v in runtime.items() if k in names}
 
 
 def build(cfg: DictConfig, **runtime: Any) -> Any:

@@ -33,37 +33,32 @@ def in_multirun() -> bool:
 
 
 def run_guarded(train: Callable[[DictConfig], dict[str, float]], cfg: DictConfig) -> dict[str, float] | None:
-    """Run `train`; a known failure prints one line (single run: exit 2; sweep: the job fails, the sweep goes on)."""
+    """Run `train`; a failure marks the W&B run failed. A known failure prints one line (single run: exit 2);
+    in a sweep every failure ends only its job (logged, with the traceback for unknown ones) and the sweep goes on."""
     from lmtrain.module import NonFiniteLossError
 
     try:
         return train(cfg)
-    except (
-        ValueError,
-        NonFiniteLossError,
-        InstantiationException,
-        OmegaConfBaseException,
-        FileNotFoundError,
-    ) as exc:
+    except Exception as exc:
+        mark_wandb_failed()
         cause = root_cause(exc)
-        if not isinstance(cause, (ValueError, NonFiniteLossError, OmegaConfBaseException, FileNotFoundError)):
-            raise
+        known = isinstance(cause, (ValueError, NonFiniteLossError, OmegaConfBaseException, FileNotFoundError))
         message = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
         if isinstance(cause, NonFiniteLossError):
             message += f"; the last good checkpoint is kept in {cfg.run_dir}/checkpoints"
-        mark_wandb_failed()
         if in_multirun():
-            log.error("job failed: %s", message)
+            log.error("job failed: %s", message, exc_info=None if known else exc)
             return None
+        if not known:
+            raise
         fail(message)
     return None
 
 
 def mark_wandb_failed() -> None:
     try:
-        import wandb
+        from lmtrain.run import finish_wandb
 
-        if wandb.run is not None:
-            wandb.run.finish(exit_code=1)
+        finish_wandb(exit_code=1)
     except Exception:  # W&B bookkeeping must never hide the real error
         pass

@@ -182,6 +182,12 @@ class LanguageModel(L.LightningModule):
 
     # --- exact resume ------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        bad = [name for name, p in self.named_parameters() if not torch.isfinite(p).all()]
+        if bad:  # raising here aborts the write: the previous checkpoint stays the last good one
+            raise NonFiniteLossError(
+                f"parameters are not finite at global step {self.global_step} ({', '.join(bad[:3])}); "
+                "the checkpoint was not written. Lower optim.lr or check the data"
+            )
         for logger in self.loggers:  # metrics on disk stay in step with the checkpoint a resume starts from
             logger.save()
         checkpoint["lmtrain"] = {

@@ -5,16 +5,19 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.loggers import Logger
+from lightning.pytorch.loggers import Logger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
-from lmtrain.build import build, build_output
+from lmtrain.build import accepted, build, build_output
 from lmtrain.callbacks import EpochSummary
 from lmtrain.checkpoints import (
     AtomicCheckpointIO,
@@ -60,7 +63,23 @@ def resolve_ckpt(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> Path |
     return Path(str(cfg.ckpt_path)).expanduser().resolve()
 
 
-def build_loggers(cfg: DictConfig, run_dir: Path, name: str, resume_id: str | None) -> list[Logger]:
+def wandb_settings(cfg: DictConfig, output_choice: str | None) -> dict[str, Any]:
+    """wandb.init arguments: group (cfg.group, else the sweep folder in a multirun) and job type (the strategy)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    group = cfg.get("group")
+    if not group and HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        group = "/".join(Path(HydraConfig.get().sweep.dir).parts[-2:])  # e.g. 2026-01-31/12-00-00
+    return {
+        "group": str(group) if group else None,
+        "job_type": output_choice or str(cfg.output._target_).rsplit(".", 1)[-1],
+    }
+
+
+def build_loggers(
+    cfg: DictConfig, run_dir: Path, name: str, resume_id: str | None, output_choice: str | None = None
+) -> list[Logger]:
     """A CSV logger (every run leaves run_dir/metrics.csv) plus the configured ones (W&B)."""
     loggers: list[Logger] = [
         MetricsCSVLogger(save_dir=str(run_dir), name="", version="", flush_logs_every_n_steps=10**9)
@@ -69,12 +88,39 @@ def build_loggers(cfg: DictConfig, run_dir: Path, name: str, resume_id: str | No
         extra = {"name": name, "save_dir": str(run_dir)}
         if resume_id:
             extra.update(id=resume_id, resume="allow")
-        loggers.append(build(spec, **extra))
+        kwargs = accepted(spec._target_, extra)
+        if issubclass(get_class(spec._target_), WandbLogger):  # passed on to wandb.init through its **kwargs
+            kwargs.update(wandb_settings(cfg, output_choice))
+        logger = instantiate(spec, **kwargs, _convert_="all")
+        if isinstance(logger, WandbLogger):
+            logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))  # the run's resolved config
+        loggers.append(logger)
     return loggers
 
 
+def finish_wandb(exit_code: int = 0) -> None:
+    """End this process's W&B run (so a sweep's next job starts its own); offline, print how to upload it."""
+    if "wandb" not in sys.modules:  # W&B was never started here
+        return
+    import wandb
+
+    run = wandb.run
+    if run is None:
+        return
+    offline = run.settings.mode == "offline"
+    folder = Path(run.dir).parent  # run.dir is the run's files/ folder
+    run.finish(exit_code=exit_code)
+    if offline:
+        print(f"lmtrain: W&B run saved offline; upload it with: wandb sync {folder}", flush=True)
+
+
 def write_run_info(
-    run_dir: Path, name: str, output_choice: str | None, cfg: DictConfig, metrics: dict[str, float]
+    run_dir: Path,
+    name: str,
+    output_choice: str | None,
+    cfg: DictConfig,
+    metrics: dict[str, float],
+    wall_time_s: float | None = None,
 ) -> None:
     """run.json: what scripts need to label and tabulate the run without re-resolving the config."""
     output = OmegaConf.to_container(cfg.output, resolve=True)
@@ -86,12 +132,14 @@ def write_run_info(
         "sampler": sampler,
         "data": str(cfg.data.get("name", "")),
         "metrics": metrics,
+        "wall_time_s": wall_time_s,  # of this invocation (a resumed run counts from its restart)
     }
     (run_dir / "run.json").write_text(json.dumps(info, indent=2, default=str))
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
     """Train and evaluate one model; returns the final metrics (val/ppl of the best epoch, test/ppl, ...)."""
+    started = time.perf_counter()
     output_choice, overrides = hydra_context()
     run_dir = Path(str(cfg.run_dir)).resolve()
     ckpt = resolve_ckpt(cfg, run_dir, overrides)
@@ -123,7 +171,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         log.info("resuming from %s", ckpt)
 
     name = run_name(cfg, output_choice, overrides)
-    loggers = build_loggers(cfg, run_dir, name, resume_id)
+    loggers = build_loggers(cfg, run_dir, name, resume_id, output_choice)
     ckpt_dir = run_dir / "checkpoints"
     callbacks: list[L.Callback] = [
         ModelCheckpoint(
@@ -156,6 +204,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
     )
     wandb_id = next((lg.experiment.id for lg in loggers if hasattr(lg.experiment, "id")), None)
     module.wandb_id = wandb_id
+    # DDP re-seeds every process when it starts (Lightning's reset_seed): do the same in a single process, so that
+    # both begin training from the same RNG state and draw the same shared negatives for the same global batch
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
     trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt) if ckpt else None)
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
@@ -166,8 +217,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
         best_path = callbacks[0].best_model_path or None
         tested = trainer.test(module, datamodule=datamodule, ckpt_path=best_path, verbose=False)
         metrics.update({k: float(v) for k, v in (tested[0] if tested else {}).items()})
-    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
-    write_run_info(run_dir, name, output_choice, cfg, metrics)
+    if trainer.is_global_zero:  # one writer under DDP
+        OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+        write_run_info(run_dir, name, output_choice, cfg, metrics, time.perf_counter() - started)
     for lg in loggers:
         lg.finalize("success")
+    finish_wandb()
     return metrics

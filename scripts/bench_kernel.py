@@ -177,7 +177,8 @@ def targets(table: dict[str, Any]) -> dict[str, Any]:
         for key, (goal, above) in goals.items():
             met = values[key] >= goal if above else values[key] <= goal
             sign = ">=" if above else "<="
-            print(f"target {key} ({clock}): {values[key]:.2f} ({'meets' if met else 'MISSES'} {sign} {goal})")
+            verdict = f"{values[key]:.2f} ({'meets' if met else 'MISSES'} {sign} {goal})"
+            print(f"target at n={sizes[-1]} {key} ({clock}): {verdict}")
             found[f"{key}_{clock[:-3]}"] = {"value": values[key], "met": met}
     return found
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import lightning as L
+import torch
 
 
 class SimulatedCrash(RuntimeError):
@@ -39,3 +40,15 @@ class SaveTreeSums(L.Callback):
         weights = {n: p.detach().cpu().clone() for n, p in module.output.named_parameters()}
         Path(self.folder).mkdir(parents=True, exist_ok=True)
         torch.save({"trees": trees, "weights": weights}, Path(self.folder) / f"rank{trainer.global_rank}.pt")
+
+
+class PoisonAtStep(L.Callback):
+    """Fills one weight with NaN after optimizer step `step`, as a diverging update would."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, *args: Any) -> None:
+        if trainer.global_step == self.step:
+            with torch.no_grad():
+                next(module.parameters()).fill_(float("nan"))

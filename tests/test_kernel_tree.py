@@ -32,7 +32,7 @@ def make_features(kind: str) -> FeatureMap:
     return QuadraticFeatures(alpha=100.0) if kind == "quadratic" else RandomFourierFeatures(D=64, nu=4.0, seed=3)
 
 
-def make_tree(kind: str, weight: torch.Tensor, path: str = "auto", leaf_size: int = 3, chunk: int = 600) -> KernelTree:
+def make_tree(kind: str, weight: torch.Tensor, path: str = "auto", leaf_size: int = 3, chunk: int = 40) -> KernelTree:
     """A tree whose small ``chunk`` makes sampling and building run in several memory blocks."""
     tree = KernelTree(make_features(kind), leaf_size=leaf_size, dense_factor=PATHS[path], chunk_elements=chunk)
     tree.rebuild(weight)

@@ -108,18 +108,17 @@ def test_bad_checkpoints_give_clear_errors(tiny_config, tmp_path):
 
 def test_nan_loss_stops_with_step_and_keeps_last_good_checkpoint(tiny_config, tmp_path):
     run = tmp_path / "run"
-    train(tiny_config("trainer.max_steps=4", "test_after_fit=false", "checkpoint_every_n_steps=2"))
-    good = (run / "checkpoints" / "last.ckpt").read_bytes()
-    with pytest.raises(NonFiniteLossError, match=r"global step \d+"):
-        train(
-            tiny_config(
-                "trainer.max_steps=50",
-                "optim.lr=1e30",
-                "optim.clip=null",
-                "ckpt_path=last",
-                "checkpoint_every_n_steps=1000",
-            )
-        )
-    ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)
+    poison = ["+callbacks.poison._target_=tests.helpers.PoisonAtStep", "+callbacks.poison.step=5"]
+    with pytest.raises(NonFiniteLossError, match=r"global step 5"):
+        train(tiny_config("trainer.max_steps=50", "test_after_fit=false", "checkpoint_every_n_steps=2", *poison))
+    ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert ckpt["global_step"] == 4  # the last checkpoint before the weights went bad
     assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values())
-    assert (run / "checkpoints" / "last.ckpt").read_bytes() == good  # nothing overwrote the good checkpoint
+
+
+def test_non_finite_weights_are_never_checkpointed(tiny_config, tmp_path):
+    poison = ["+callbacks.poison._target_=tests.helpers.PoisonAtStep", "+callbacks.poison.step=4"]
+    with pytest.raises(NonFiniteLossError, match="not finite"):
+        train(tiny_config("trainer.max_steps=50", "test_after_fit=false", "checkpoint_every_n_steps=2", *poison))
+    ckpt = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert ckpt["global_step"] == 2 and all(torch.isfinite(v).all() for v in ckpt["state_dict"].values())

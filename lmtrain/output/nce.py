@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lmtrain.output.sampled import SampledSoftmax
+from lmtrain.output.negative import NegativeSampling
 from lmtrain.sampler.base import Sampler
 
 
-class NCE(SampledSoftmax):
+class NCE(NegativeSampling):
     """Binary classification of the target against ``num_samples`` noise draws from ``sampler``.
 
     With Δ_w = s_w − ln(k q_w) − ln Z: loss = softplus(−Δ_t) + Σ_j softplus(Δ_{s_j}), averaged over
@@ -28,39 +28,28 @@ class NCE(SampledSoftmax):
         sampler: Sampler,
         num_samples: int = 100,
         learn_log_z: bool = False,
-        shared_negatives: bool = True,
-        bias: bool = True,
-        sparse: bool = True,
-        init_range: float = 0.1,
-        eval_chunk: int = 65536,
+        **options: Any,
     ) -> None:
-        super().__init__(
-            num_classes,
-            dim,
-            sampler,
-            num_samples=num_samples,
-            remove_accidental_hits=False,
-            shared_negatives=shared_negatives,
-            bias=bias,
-            sparse=sparse,
-            init_range=init_range,
-            eval_chunk=eval_chunk,
-        )
+        super().__init__(num_classes, dim, sampler, num_samples=num_samples, **options)
         self.log_z = nn.Parameter(torch.zeros(())) if learn_log_z else None
 
     def log_z_value(self) -> Tensor:
         """The ln Z subtracted in training: the learned scalar, or 0."""
         return self.log_z if self.log_z is not None else self.weight.new_zeros(())
 
-    def loss(self, hidden: Tensor, target: Tensor) -> Tensor:
-        ids, log_q, _ = self.draw(hidden)
-        query = self.query(hidden)  # (N, d')
+    def classifier_logits(
+        self,
+        query: Tensor,
+        target: Tensor,
+        target_score: Tensor,
+        noise_ids: Tensor,
+        noise_log_q: Tensor,
+        noise_score: Tensor,
+    ) -> tuple[Tensor, Tensor]:
         context = query.detach() if self.sampler.per_example else None
         log_q_target = self.sampler.log_q(context, target.unsqueeze(1))  # (N, 1)
         shift = math.log(self.num_samples) + self.log_z_value()  # ln k + ln Z
-        delta_target = self.query_scores(query, target.unsqueeze(1)) - log_q_target - shift  # (N, 1)
-        delta_noise = self.query_scores(query, ids) - log_q - shift  # (N, m)
-        return (F.softplus(-delta_target).sum(1) + F.softplus(delta_noise).sum(1)).mean()
+        return target_score - log_q_target - shift, noise_score - noise_log_q - shift  # Δ_t, Δ_{s_j}
 
     def extra_metrics(self, hidden: Tensor) -> dict[str, Tensor]:
         metrics = {"log_z": self.log_normalizer(hidden).mean()}

@@ -1,4 +1,4 @@
-"""Negative sampling (Mikolov et al. 2013): NCE without the noise correction (DESIGN §3)."""
+"""Negative sampling (Mikolov et al. 2013): logistic regression of the target against noise (DESIGN §3)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ class NegativeSampling(SampledSoftmax):
 
     The scores s = [W, b] . [h, 1] are the sampled-softmax scores; training does not estimate a
     normalized model, but evaluation normalizes the same scores with an exact full softmax.
+    Subclasses change the classifier's logits (NCE subtracts ln(k q_w) + ln Z) in ``classifier_logits``.
     """
 
     def __init__(
@@ -41,9 +42,22 @@ class NegativeSampling(SampledSoftmax):
             eval_chunk=eval_chunk,
         )
 
+    def classifier_logits(
+        self,
+        query: Tensor,
+        target: Tensor,
+        target_score: Tensor,
+        noise_ids: Tensor,
+        noise_log_q: Tensor,
+        noise_score: Tensor,
+    ) -> tuple[Tensor, Tensor]:
+        """Logits of "data, not noise" for the target (N, 1) and the noise draws (N, m): the raw scores here."""
+        return target_score, noise_score
+
     def loss(self, hidden: Tensor, target: Tensor) -> Tensor:
-        ids, _, _ = self.draw(hidden)
+        ids, log_q, _ = self.draw(hidden)
         query = self.query(hidden)  # (N, d')
         target_score = self.query_scores(query, target.unsqueeze(1))  # (N, 1)
-        noise_scores = self.query_scores(query, ids)  # (N, m)
-        return (F.softplus(-target_score).sum(1) + F.softplus(noise_scores).sum(1)).mean()
+        noise_score = self.query_scores(query, ids)  # (N, m)
+        target_logit, noise_logit = self.classifier_logits(query, target, target_score, ids, log_q, noise_score)
+        return (F.softplus(-target_logit).sum(1) + F.softplus(noise_logit).sum(1)).mean()

@@ -95,7 +95,7 @@ class RandomFourierFeatures(FeatureMap):
     ``D`` is the number of random frequencies: Omega (D, d) has rows ~ N(0, nu I) and
     phi(u) = D^{-1/2} [cos(Omega u), sin(Omega u)] on u / |u| has 2 D entries, so that
     E[phi(x) . phi(y)] = exp(-nu |x - y|^2 / 2) = exp(nu (cos(x, y) - 1)), proportional to
-    exp(nu cos). (The RF-softmax paper counts the 2 D entries as its feature dimension.)
+    exp(nu cos). To match a feature dimension D' (2 D entries), use D = D' / 2.
     Omega is drawn once from ``seed`` when the input size is first seen and is a persistent
     buffer, so checkpoints carry it and a resumed run samples from the same features.
     """

@@ -172,10 +172,7 @@ class KernelTree(nn.Module):
         for level in range(self.depth):  # a loop over levels only; each step is batched over walkers
             width = 2 << level  # nodes on the children's level
             if self._dense(width, n_query, 2 * k):  # one GEMM over the whole level beats gathers
-                level_nodes = slice(width - 1, 2 * width - 1)
-                table = torch.maximum(phi @ self.nodes[level_nodes].T, self.floor[level_nodes])  # (N, width)
-                pair = pos + (qrow * (width // 2) - (width // 2 - 1))  # (W,) row of table.view(-1, 2)
-                s = table.view(-1, 2).index_select(0, pair)  # (W, 2)
+                s = self._level_scores(phi, pos, qrow, width, k)
             else:
                 s = self._gathered_scores(phi, pairs, floor, pos, k)
             right = uniform[level] >= s[:, 0] / s.sum(1)  # (W,) go right with prob s_R / (s_L + s_R)
@@ -187,6 +184,18 @@ class KernelTree(nn.Module):
         s = torch.stack(scores, 1)  # (W, depth, 2)
         chosen = s.gather(2, torch.stack(turns, 1).long().unsqueeze(2)).squeeze(2)  # (W, depth)
         return pos - (self.num_buckets - 1), (chosen.log() - s.sum(2).log()).sum(1)
+
+    def _level_scores(self, phi: Tensor, pos: Tensor, qrow: Tensor, width: int, k: int) -> Tensor:
+        """Clamped scores of both children of each walker's node, from one GEMM of every query with
+        every node of the children's level (``width`` nodes): (W, 2)."""
+        level = slice(width - 1, 2 * width - 1)
+        pair = pos + (qrow * (width // 2) - (width // 2 - 1))  # (W,) row of the (N * width / 2, 2) table
+
+        def block(lo: int, hi: int) -> Tensor:
+            table = torch.maximum(phi[lo:hi] @ self.nodes[level].T, self.floor[level])  # (b, width)
+            return table.view(-1, 2).index_select(0, pair[lo * k : hi * k] - lo * (width // 2))
+
+        return self._blocks(block, phi.shape[0], width)
 
     def _gathered_scores(self, phi: Tensor, pairs: Tensor, floor: Tensor, pos: Tensor, k: int) -> Tensor:
         """Clamped scores of both children of each walker's node, gathered per walker: (W, 2)."""

@@ -1,0 +1,230 @@
+"""Sweep reports: find the jobs of a multirun folder, tabulate them in markdown, plot perplexity curves.
+
+Used by ``scripts/summarize.py``; reads only what runs leave on disk (metrics.csv, run.json, .hydra/).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lmtrain.results import RunRecord, load_run
+
+
+@dataclass
+class SummaryRow:
+    """One job of a sweep: what it ran (strategy, sampler, distinguishing options, m) and how it did."""
+
+    run: RunRecord
+    strategy: str
+    sampler: str
+    options: str  # config values that tell this job apart from the others of the sweep (besides m)
+    num_samples: int | None
+    best_val_ppl: float | None
+    test_ppl: float | None
+    tokens_per_sec: float | None
+    wall_time_s: float | None
+    finished: bool
+
+    @property
+    def label(self) -> str:
+        """The curve label: the strategy and its distinguishing options."""
+        return f"{self.strategy} {self.options}".strip()
+
+
+def _natural_key(path: Path) -> list[Any]:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(path))]
+
+
+def find_runs(root: str | Path) -> list[RunRecord]:
+    """Every job folder under ``root`` (holding metrics.csv or .hydra/), in job order; unfinished jobs included."""
+    root = Path(root)
+    folders = {p.parent for p in root.glob("**/metrics.csv")} | {p.parent for p in root.glob("**/.hydra")}
+    folders = {f for f in folders if "wandb" not in f.relative_to(root).parts}
+    runs = []
+    for folder in sorted(folders, key=_natural_key):
+        if (folder / "metrics.csv").is_file():
+            runs.append(load_run(folder))
+        else:  # failed before its first logged step
+            runs.append(RunRecord(path=folder, name=folder.name))
+    return runs
+
+
+def _job_config(run: RunRecord) -> dict[str, Any]:
+    """What the job ran: run.json's fields when it finished, else its composed Hydra config."""
+    if run.info:
+        return {
+            "output": run.info.get("output"),
+            "output_options": run.info.get("output_options") or {},
+            "sampler": run.info.get("sampler") or {},
+        }
+    config_file, hydra_file = run.path / ".hydra" / "config.yaml", run.path / ".hydra" / "hydra.yaml"
+    config = yaml.safe_load(config_file.read_text()) if config_file.is_file() else {}
+    hydra = yaml.safe_load(hydra_file.read_text()) if hydra_file.is_file() else {}
+    choices = ((hydra or {}).get("hydra", {}).get("runtime", {}) or {}).get("choices", {})
+    output = dict((config or {}).get("output") or {})
+    return {
+        "output": choices.get("output") or str(output.get("_target_", "?")).rsplit(".", 1)[-1],
+        "output_options": {k: v for k, v in output.items() if not k.startswith("_")},
+        "sampler": (config or {}).get("sampler") or {},
+    }
+
+
+def _options(job: dict[str, Any]) -> dict[str, Any]:
+    """Flat output and sampler options of one job, m left out (it is a column and the x axis of its own)."""
+    flat = {f"output.{k}": v for k, v in job["output_options"].items() if k != "num_samples"}
+    flat.update({f"sampler.{k}": v for k, v in job["sampler"].items() if not k.startswith("_")})
+    return flat
+
+
+def _fmt_option(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def summarize(runs: Iterable[RunRecord]) -> list[SummaryRow]:
+    """One row per job; ``options`` lists the output/sampler values that differ between the jobs given."""
+    runs = list(runs)
+    jobs = [_job_config(run) for run in runs]
+    options = [_options(job) for job in jobs]
+    keys = sorted({k for opts in options for k in opts})
+    # an option is shown where it differs between the jobs that have it (strategy names tell the rest apart)
+    varying = [k for k in keys if len({repr(o[k]) for o in options if k in o}) > 1 and k != "sampler.seed"]
+    rows = []
+    for run, job, opts in zip(runs, jobs, options, strict=True):
+        metrics = run.info.get("metrics") or {}
+        speeds = run.values("tokens_per_sec")
+        sampler_target = str(job["sampler"].get("_target_", "")).rsplit(".", 1)[-1]
+        num_samples = job["output_options"].get("num_samples")
+        wall = run.info.get("wall_time_s")
+        rows.append(
+            SummaryRow(
+                run=run,
+                strategy=str(job["output"]),
+                sampler=sampler_target or "-",
+                options=" ".join(f"{k.split('.', 1)[1]}={_fmt_option(opts[k])}" for k in varying if k in opts),
+                num_samples=int(num_samples) if num_samples is not None else None,
+                best_val_ppl=metrics.get("val/ppl_best", run.best("val/ppl")),
+                test_ppl=metrics.get("test/ppl", run.last("test/ppl")),
+                tokens_per_sec=statistics.median(speeds) if speeds else None,
+                wall_time_s=float(wall) if wall is not None else None,
+                finished=bool(run.info),
+            )
+        )
+    return rows
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None or not math.isfinite(value) else format(value, spec)
+
+
+def _fmt_time(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def markdown_table(rows: list[SummaryRow], root: Path | None = None) -> str:
+    """A GitHub-markdown table of the jobs; unfinished jobs are marked and keep whatever metrics they logged."""
+    header = ["job", "strategy", "sampler", "options", "m", "best val ppl", "test ppl", "tokens/s", "wall time"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for row in rows:
+        job = str(row.run.path.relative_to(root)) if root else row.run.path.name
+        cells = [
+            job if row.finished else f"{job} (failed or unfinished)",
+            row.strategy,
+            row.sampler,
+            row.options or "-",
+            "-" if row.num_samples is None else str(row.num_samples),
+            _fmt(row.best_val_ppl, ".2f"),
+            _fmt(row.test_ppl, ".2f"),
+            _fmt(row.tokens_per_sec, ",.0f"),
+            _fmt_time(row.wall_time_s),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_ppl_vs_samples(rows: list[SummaryRow], path: str | Path) -> Path:
+    """Test perplexity (best val where there is no test) against m, one line per sampler, log x.
+
+    Strategies without samples (full softmax) are drawn as horizontal reference lines, as in Blanc & Rendle Fig. 2.
+    """
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    use_test = any(r.test_ppl is not None for r in rows)
+    score = [(r, r.test_ppl if use_test else r.best_val_ppl) for r in rows]
+    score = [(r, s) for r, s in score if s is not None and math.isfinite(s)]
+    for label in sorted({r.label for r, _ in score if r.num_samples is not None}):
+        points = [(r.num_samples, s) for r, s in score if r.label == label and r.num_samples is not None]
+        sizes = sorted({m for m, _ in points})
+        means = [statistics.mean(s for m, s in points if m == size) for size in sizes]  # repeated runs (seeds)
+        (line,) = ax.plot(sizes, means, marker="o", label=label)
+        if len(points) > len(sizes):
+            ax.scatter([m for m, _ in points], [s for _, s in points], s=12, color=line.get_color(), alpha=0.5)
+    for r, s in score:
+        if r.num_samples is None:
+            ax.axhline(s, ls="--", lw=1, color="gray", label=f"{r.label} (exact)")
+    ax.set(xscale="log", yscale="log", xlabel="number of samples m", title="perplexity against sample size")
+    sizes = sorted({r.num_samples for r, _ in score if r.num_samples is not None})
+    if sizes:  # label the m values of the sweep, not powers of ten
+        ax.set_xticks(sizes, [str(m) for m in sizes])
+        ax.xaxis.set_minor_locator(plt.NullLocator())
+    ax.set_ylabel("test perplexity" if use_test else "best validation perplexity")
+    ax.grid(True, which="both", alpha=0.3)
+    if ax.lines:
+        ax.legend(fontsize=8)
+    return _save(fig, path, plt)
+
+
+def plot_val_curves(rows: list[SummaryRow], path: str | Path) -> Path:
+    """Validation perplexity per epoch, one line per strategy, one panel per m (as in the RF-softmax paper, Fig. 3)."""
+    plt = _pyplot()
+    sizes = sorted({r.num_samples for r in rows if r.num_samples is not None}) or [None]
+    fig, axes = plt.subplots(1, len(sizes), figsize=(5.5 * len(sizes), 4.5), squeeze=False)
+    for ax, m in zip(axes[0], sizes, strict=True):
+        for row in rows:
+            if row.num_samples not in (m, None):
+                continue
+            val = row.run.series.get("val/ppl", [])
+            if val:
+                ls = "--" if row.num_samples is None else "-"
+                ax.plot([e + 1 for _, e, _ in val], [v for _, _, v in val], ls=ls, marker="o", label=row.label)
+        ax.set(xlabel="epoch", ylabel="validation perplexity (exact)", yscale="log")
+        ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
+        ax.set_title("all runs" if m is None else f"m = {m}")
+        ax.grid(True, which="both", alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=8)
+    return _save(fig, path, plt)
+
+
+def _save(fig: Any, path: str | Path, plt: Any) -> Path:
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def offline_wandb_runs(root: str | Path) -> list[Path]:
+    """W&B offline run folders under ``root`` (to upload with ``wandb sync``)."""
+    return sorted(Path(root).glob("**/wandb/offline-run-*"), key=_natural_key)

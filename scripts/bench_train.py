@@ -1,0 +1,134 @@
+"""End-to-end training throughput (tokens/s) of lmtrain per output strategy, beside a plain-PyTorch loop.
+
+    LMTRAIN_DATA_DIR=../shared/data python scripts/bench_train.py --outputs full,uniform,hsm --steps 150 --json out.json
+
+Every measurement runs in this one process, rounds interleaved (strategy A, B, ..., plain; then again), so that
+machine load drifts hit all of them alike. A round trains `--steps` optimizer steps of the configured experiment
+(default `zaremba_small`: 2x200 LSTM, batch 20 x 20 steps) through `lmtrain.run.train`, with validation,
+checkpoints and W&B switched off. Its throughput is the median of the per-step `tokens_per_sec` after `--warmup`
+steps. The reference is the loop a user would write by hand for the full softmax: embedding, LSTM, linear,
+cross-entropy, clip, and SGD, on the same windows. Reported: the median over rounds, each strategy / full, and
+lmtrain full / plain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+
+from lmtrain.overrides import CONF_DIR
+from lmtrain.results import read_metrics
+from lmtrain.run import train
+
+
+def compose_cfg(overrides: list[str]):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("train", overrides=overrides)
+
+
+def lmtrain_round(output: str, args: argparse.Namespace, workdir: Path, index: int) -> float:
+    run_dir = workdir / f"{output}-{index}"
+    cfg = compose_cfg(
+        [
+            f"experiment={args.experiment}",
+            f"output={output}",
+            *args.override,
+            f"trainer.max_steps={args.steps}",
+            "+trainer.limit_val_batches=0",
+            "trainer.log_every_n_steps=1",
+            "test_after_fit=false",
+            "logger=csv",
+            "progress_bar=false",
+            "checkpoint_every_n_steps=1000000000",
+            f"run_dir={run_dir}",
+        ]
+    )
+    train(cfg)
+    rates = [v for step, _, v in read_metrics(run_dir / "metrics.csv")["tokens_per_sec"] if step >= args.warmup]
+    return statistics.median(rates)
+
+
+def plain_round(args: argparse.Namespace) -> float:
+    """The hand-written full-softmax loop on the same data layout and model sizes."""
+    cfg = compose_cfg([f"experiment={args.experiment}", *args.override])
+    dm = instantiate(cfg.data)
+    dm.setup()
+    n, m = dm.num_classes, cfg.model
+    emb = torch.nn.Embedding(n, m.emb_dim)
+    lstm = torch.nn.LSTM(m.emb_dim, m.hidden_dim, m.num_layers, batch_first=True, dropout=m.dropout)
+    proj = torch.nn.Linear(m.hidden_dim, n)
+    params = [*emb.parameters(), *lstm.parameters(), *proj.parameters()]
+    for p in params:
+        torch.nn.init.uniform_(p, -m.init_range, m.init_range)
+    opt = torch.optim.SGD(params, lr=cfg.optim.lr)
+    state, rates = None, []
+    for step, (x, y) in enumerate(dm.train_dataloader()):
+        if step >= args.steps:
+            break
+        start = time.perf_counter()
+        out, state = lstm(emb(x), state)
+        state = tuple(s.detach() for s in state)
+        loss = F.cross_entropy(proj(out).reshape(-1, n), y.reshape(-1)) * x.shape[1]
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, cfg.optim.clip)
+        opt.step()
+        if step >= args.warmup:
+            rates.append(x.numel() / (time.perf_counter() - start))
+    return statistics.median(rates)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--outputs", default="full,uniform,unigram,nce,negative,hsm,adaptive,quadratic,rff")
+    parser.add_argument("--experiment", default="zaremba_small")
+    parser.add_argument("--override", action="append", default=[], help="extra Hydra override (repeatable)")
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--json", default=None, help="write the results to this path")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.set_flush_denormal(True)  # as lmtrain.run.train does, so the reference is not slowed by subnormals
+    outputs = [o for o in args.outputs.split(",") if o]
+    samples: dict[str, list[float]] = {o: [] for o in [*outputs, "plain_full"]}
+    with tempfile.TemporaryDirectory() as tmp:
+        for index in range(args.rounds):
+            for output in outputs:
+                samples[output].append(lmtrain_round(output, args, Path(tmp), index))
+            samples["plain_full"].append(plain_round(args))
+    median = {k: statistics.median(v) for k, v in samples.items()}
+    result = {
+        "experiment": args.experiment,
+        "steps": args.steps,
+        "rounds": args.rounds,
+        "threads": torch.get_num_threads(),
+        "tokens_per_sec": median,
+        "samples": samples,
+        "ratio_to_full": {k: v / median["full"] for k, v in median.items()} if "full" in median else {},
+        "lmtrain_full_over_plain": median["full"] / median["plain_full"] if "full" in median else None,
+    }
+    print(f"{'output':<12} {'tokens/s':>10} {'x full':>8}")
+    for key, value in median.items():
+        ratio = result["ratio_to_full"].get(key)
+        print(f"{key:<12} {value:>10,.0f} {ratio:>8.2f}" if ratio else f"{key:<12} {value:>10,.0f}")
+    if result["lmtrain_full_over_plain"]:
+        print(f"lmtrain full / plain PyTorch loop: {result['lmtrain_full_over_plain']:.3f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()

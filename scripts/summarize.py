@@ -1,0 +1,60 @@
+"""Summarize a Hydra multirun of lmtrain jobs: a markdown table and two perplexity plots.
+
+    python scripts/summarize.py MULTIRUN_DIR [--out DIR]
+
+Writes DIR/summary.md (strategy, sampler and its options, m, best val ppl, test ppl, tokens/s, wall time per
+job; failed or unfinished jobs are listed as such), DIR/ppl_vs_samples.png (test perplexity against the number
+of samples, one line per sampler, log x: Blanc & Rendle 2018, Fig. 2) and DIR/val_curves.png (validation
+perplexity per epoch, one line per strategy, one panel per m: Rawat et al. 2019, Fig. 3). DIR defaults to
+MULTIRUN_DIR. Also prints the `wandb sync` command for the sweep's offline W&B runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from lmtrain.report import (
+    find_runs,
+    markdown_table,
+    offline_wandb_runs,
+    plot_ppl_vs_samples,
+    plot_val_curves,
+    summarize,
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("sweep", type=Path, help="a multirun folder (hydra.sweep.dir) or any folder of run folders")
+    parser.add_argument("--out", type=Path, default=None, help="where to write summary.md and the PNGs")
+    args = parser.parse_args(argv)
+
+    if not args.sweep.is_dir():
+        print(f"summarize: {args.sweep} is not a folder: pass a multirun folder (hydra.sweep.dir)", file=sys.stderr)
+        return 2
+    runs = find_runs(args.sweep)
+    if not runs:
+        print(f"summarize: no run folders (metrics.csv or .hydra/) under {args.sweep}", file=sys.stderr)
+        return 2
+    out = args.out or args.sweep
+    out.mkdir(parents=True, exist_ok=True)
+    rows = summarize(runs)
+    table = markdown_table(rows, root=args.sweep)
+    finished = sum(row.finished for row in rows)
+    text = f"# Sweep {args.sweep}\n\n{finished} of {len(rows)} jobs finished.\n\n{table}"
+    (out / "summary.md").write_text(text)
+    written = [out / "summary.md", plot_ppl_vs_samples(rows, out / "ppl_vs_samples.png")]
+    written.append(plot_val_curves(rows, out / "val_curves.png"))
+    print(table, end="")
+    for path in written:
+        print(f"wrote {path}")
+    offline = offline_wandb_runs(args.sweep)
+    if offline:
+        print(f"{len(offline)} offline W&B runs; upload them with:\n  wandb sync {' '.join(map(str, offline))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
