@@ -67,7 +67,7 @@ class LanguageModel(L.LightningModule):
         self._clock = now
         self._batches_done = batch_idx + 1  # read by checkpoints saved at the end of this batch
         self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
-        if getattr(self.output, "loss_is_nll", False):  # only then is exp(loss) a perplexity
+        if self.output.loss_is_nll:  # only then is exp(loss) a perplexity
             self.log("train/ppl", loss.detach().exp(), on_step=True, on_epoch=False, prog_bar=True)
         self.log("lr", self.trainer.optimizers[0].param_groups[0]["lr"], on_step=True, on_epoch=False)
         return loss * inputs.shape[1] if self.loss_reduction == "sum" else loss
@@ -192,7 +192,7 @@ class LanguageModel(L.LightningModule):
             logger.save()
         checkpoint["lmtrain"] = {
             "batches_done": self._batches_done,
-            "state": self._state["train"],
+            "state": self._global_state(),
             "signature": getattr(self, "signature", {}),
             "wandb_id": getattr(self, "wandb_id", None),
             "rng": get_rng_states(),
@@ -210,7 +210,19 @@ class LanguageModel(L.LightningModule):
         if not finished and 0 < done < self._batches_per_epoch():
             # before Lightning creates (and prefetches from) the loader iterator: start at the next window
             self.trainer.datamodule.train_sampler.set_start(done)
-            self._state["train"], self._batches_done, self._continue_epoch = saved["state"], done, True
+            state = saved["state"]
+            if state is not None and self.trainer.world_size > 1:  # this rank's block of the global batch's rows
+                rows, rank = state[0].shape[1] // self.trainer.world_size, self.trainer.global_rank
+                state = (state[0][:, rank * rows : (rank + 1) * rows], state[1][:, rank * rows : (rank + 1) * rows])
+            self._state["train"], self._batches_done, self._continue_epoch = state, done, True
+
+    def _global_state(self) -> State | None:
+        """The carried training state for all rows of the global batch (under DDP gathered from the ranks)."""
+        state = self._state["train"]
+        if state is None or self.trainer.world_size <= 1:
+            return state
+        h, c = (self.all_gather(s) for s in state)  # (world, layers, B / world, d): rank blocks in row order
+        return h.transpose(0, 1).flatten(1, 2), c.transpose(0, 1).flatten(1, 2)  # (layers, B, d)
 
     def _batches_per_epoch(self) -> int:
         """Lightning's num_training_batches, computed before Lightning knows it (windows and limit_train_batches)."""

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from lmtrain.results import RunRecord, load_run
 
@@ -58,7 +60,7 @@ def find_runs(root: str | Path) -> list[RunRecord]:
 
 
 def _job_config(run: RunRecord) -> dict[str, Any]:
-    """What the job ran: run.json's fields when it finished, else its composed Hydra config."""
+    """What the job ran: from run.json (written when a run starts), else from its composed Hydra config."""
     if run.info:
         return {
             "output": run.info.get("output"),
@@ -66,14 +68,21 @@ def _job_config(run: RunRecord) -> dict[str, Any]:
             "sampler": run.info.get("sampler") or {},
         }
     config_file, hydra_file = run.path / ".hydra" / "config.yaml", run.path / ".hydra" / "hydra.yaml"
-    config = yaml.safe_load(config_file.read_text()) if config_file.is_file() else {}
+    config = OmegaConf.load(config_file) if config_file.is_file() else OmegaConf.create()
     hydra = yaml.safe_load(hydra_file.read_text()) if hydra_file.is_file() else {}
     choices = ((hydra or {}).get("hydra", {}).get("runtime", {}) or {}).get("choices", {})
-    output = dict((config or {}).get("output") or {})
+    parts = {}
+    for key in ("output", "sampler"):  # their interpolations (${seed}, ${model.init_range}) resolve in the config
+        node = config.get(key)
+        try:
+            parts[key] = OmegaConf.to_container(node, resolve=True) if node is not None else {}
+        except OmegaConfBaseException:
+            parts[key] = OmegaConf.to_container(node, resolve=False)
+    output = parts["output"]
     return {
         "output": choices.get("output") or str(output.get("_target_", "?")).rsplit(".", 1)[-1],
         "output_options": {k: v for k, v in output.items() if not k.startswith("_")},
-        "sampler": (config or {}).get("sampler") or {},
+        "sampler": parts["sampler"],
     }
 
 
@@ -114,7 +123,7 @@ def summarize(runs: Iterable[RunRecord]) -> list[SummaryRow]:
                 test_ppl=metrics.get("test/ppl", run.last("test/ppl")),
                 tokens_per_sec=statistics.median(speeds) if speeds else None,
                 wall_time_s=float(wall) if wall is not None else None,
-                finished=bool(run.info),
+                finished=bool(metrics),  # run.json gets its metrics when the run ends
             )
         )
     return rows
@@ -197,14 +206,13 @@ def plot_ppl_vs_samples(rows: list[SummaryRow], path: str | Path) -> Path:
 def plot_val_curves(rows: list[SummaryRow], path: str | Path) -> Path:
     """Validation perplexity per epoch, one line per strategy, one panel per m (as in the RF-softmax paper, Fig. 3)."""
     plt = _pyplot()
-    sizes = sorted({r.num_samples for r in rows if r.num_samples is not None}) or [None]
+    curves = [r for r in rows if r.run.series.get("val/ppl")]
+    sizes = sorted({r.num_samples for r in curves if r.num_samples is not None}) or [None]
     fig, axes = plt.subplots(1, len(sizes), figsize=(5.5 * len(sizes), 4.5), squeeze=False)
     for ax, m in zip(axes[0], sizes, strict=True):
-        for row in rows:
-            if row.num_samples not in (m, None):
-                continue
-            val = row.run.series.get("val/ppl", [])
-            if val:
+        for row in curves:
+            if row.num_samples in (m, None):
+                val = row.run.series["val/ppl"]
                 ls = "--" if row.num_samples is None else "-"
                 ax.plot([e + 1 for _, e, _ in val], [v for _, _, v in val], ls=ls, marker="o", label=row.label)
         ax.set(xlabel="epoch", ylabel="validation perplexity (exact)", yscale="log")

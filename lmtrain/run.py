@@ -107,10 +107,9 @@ def finish_wandb(exit_code: int = 0) -> None:
     run = wandb.run
     if run is None:
         return
-    offline = run.settings.mode == "offline"
-    folder = Path(run.dir).parent  # run.dir is the run's files/ folder
+    folder = Path(run.dir).resolve().parent if run.settings.mode == "offline" else None  # run.dir: its files/
     run.finish(exit_code=exit_code)
-    if offline:
+    if folder is not None:
         print(f"lmtrain: W&B run saved offline; upload it with: wandb sync {folder}", flush=True)
 
 
@@ -171,6 +170,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
         log.info("resuming from %s", ckpt)
 
     name = run_name(cfg, output_choice, overrides)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)  # there from the start, also if the run dies
+    write_run_info(run_dir, name, output_choice, cfg, {})
     loggers = build_loggers(cfg, run_dir, name, resume_id, output_choice)
     ckpt_dir = run_dir / "checkpoints"
     callbacks: list[L.Callback] = [

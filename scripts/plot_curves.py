@@ -3,8 +3,8 @@
     python scripts/plot_curves.py RUN_DIR [RUN_DIR ...] [--out curves.png] [--title TEXT]
 
 Validation perplexity (exact, every strategy) per epoch on the left; on the right the training perplexity
-per step for strategies whose training loss is the exact NLL (full, hsm, adaptive), else their surrogate
-training loss, labelled as such (a sampled loss is not a perplexity).
+per step for strategies whose training loss is the exact NLL (full, hsm, adaptive), else the training loss,
+labelled as such (a sampled loss is not a perplexity). Lines are labelled by output strategy.
 """
 
 from __future__ import annotations
@@ -28,14 +28,16 @@ def main(argv: list[str] | None = None) -> Path:
     args = parser.parse_args(argv)
 
     runs = [load_run(r) for r in args.runs]
+    strategies = [str(run.info.get("output") or run.name) for run in runs]
+    labels = [s if strategies.count(s) == 1 else f"{s} ({run.name})" for s, run in zip(strategies, runs, strict=True)]
     fig, (ax_val, ax_train) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for run in runs:
+    for run, label in zip(runs, labels, strict=True):
         val = run.series.get("val/ppl", [])
         if val:
-            ax_val.plot([e + 1 for _, e, _ in val], [v for _, _, v in val], marker="o", label=run.name)
+            ax_val.plot([e + 1 for _, e, _ in val], [v for _, _, v in val], marker="o", label=label)
         if run.series.get("train/ppl_step") or run.series.get("train/ppl"):
             rows = run.series.get("train/ppl_step") or run.series["train/ppl"]
-            ax_train.plot([s for s, _, _ in rows], [v for _, _, v in rows], label=f"{run.name} (train ppl)", lw=1)
+            ax_train.plot([s for s, _, _ in rows], [v for _, _, v in rows], label=f"{label} (train ppl)", lw=1)
         elif run.series.get("train/loss_step"):
             rows = run.series["train/loss_step"]
             ax_train.plot(
@@ -46,7 +48,7 @@ def main(argv: list[str] | None = None) -> Path:
                 label=f"{run.name} (surrogate loss)",
             )
     ax_val.set(xlabel="epoch", ylabel="validation perplexity (exact)", yscale="log", title="validation")
-    ax_train.set(xlabel="step", ylabel="train perplexity / surrogate loss", yscale="log", title="training")
+    ax_train.set(xlabel="step", ylabel="train perplexity, or training loss (nats)", yscale="log", title="training")
     for ax in (ax_val, ax_train):
         ax.grid(True, which="both", alpha=0.3)
         if ax.lines:

@@ -145,7 +145,7 @@ def test_multirun_gives_one_wandb_run_per_job_and_a_summary(tmp_path):
             *TINY,
             "logger=wandb",
             "output=uniform",
-            "output.num_samples=4,16",
+            "output.num_samples=4,16,0",  # the last job fails: m must be positive
             "optim=adam",
             "optim.lr=0.01",
             "loss_reduction=mean",
@@ -156,8 +156,9 @@ def test_multirun_gives_one_wandb_run_per_job_and_a_summary(tmp_path):
         tmp_path,
         WANDB_MODE="offline",
     )
-    jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
-    assert [p.name for p in jobs] == ["0", "1"]
+    *jobs, failed = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert [p.name for p in jobs] == ["0", "1"] and failed.name == "2"
+    assert "output.num_samples must be a positive number" in (failed / "__main__.log").read_text()
     run_ids = set()
     for job, m in zip(jobs, (4, 16), strict=True):
         info = run_info(job)
@@ -182,8 +183,9 @@ def test_multirun_gives_one_wandb_run_per_job_and_a_summary(tmp_path):
     out = tmp_path / "report"
     assert summarize.main([str(sweep), "--out", str(out)]) == 0
     table = (out / "summary.md").read_text()
-    rows = [line for line in table.splitlines() if line.startswith("| ") and "uniform" in line]
-    assert len(rows) == 2
+    *rows, failed_row = [line for line in table.splitlines() if line.startswith("| ") and "uniform" in line]
+    assert failed_row.startswith("| 2 (failed or unfinished) | uniform | UniformSampler | - | 0 | - | - |")
+    assert "2 of 3 jobs finished" in table
     for row, job in zip(rows, jobs, strict=True):
         cells = [c.strip() for c in row.strip("|").split("|")]
         info = run_info(job)
@@ -254,7 +256,8 @@ def test_sigkill_mid_epoch_then_resume_matches_the_uninterrupted_run(tmp_path):
         victim.kill()
         victim.stderr.close()
     killed_at = read_checkpoint(split / "checkpoints" / "last.ckpt")
-    assert kill_after <= killed_at["global_step"] < 2 * WINDOWS_PER_EPOCH and not (split / "run.json").exists()
+    assert kill_after <= killed_at["global_step"] < 2 * WINDOWS_PER_EPOCH  # mid epoch 2
+    assert not (split / "run.json").is_file() or not run_info(split)["metrics"]  # it never finished
 
     run_cli([*common, "logger=wandb", "ckpt_path=last", f"hydra.run.dir={split}"], tmp_path, WANDB_MODE="offline")
     assert reference.wait(timeout=400) == 0
@@ -362,6 +365,24 @@ def test_ddp_kernel_trees_stay_identical_on_every_rank(tmp_path):
                         enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
     [alone] = trainer.validate(module, datamodule=data, verbose=False)
     assert run_info(tmp_path / "ddp")["metrics"]["val/ppl"] == pytest.approx(alone["val/ppl"], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_ddp_resume_mid_epoch_matches_the_uninterrupted_ddp_run(tmp_path):
+    """Each rank carries the LSTM state of its own rows: the checkpoint keeps all of them, each rank gets its own."""
+    common = [*TINY, *DDP, "logger=csv", "output=uniform", "output.num_samples=8", "model.dropout=0.3", "optim=sgd",
+              "optim.lr=0.5", "loss_reduction=mean", "trainer.max_epochs=2", "test_after_fit=false",
+              "checkpoint_every_n_steps=4"]  # fmt: skip
+    run_cli([*common, f"hydra.run.dir={tmp_path / 'straight'}"], tmp_path)
+    crash = ["+callbacks.crash._target_=tests.helpers.CrashAtStep", "+callbacks.crash.step=45"]  # mid epoch 2
+    crashed = subprocess.run(lmtrain(*common, *crash, f"hydra.run.dir={tmp_path / 'split'}"), cwd=tmp_path,
+                             env=cli_env(tmp_path), capture_output=True, text=True, timeout=400)  # fmt: skip
+    assert crashed.returncode != 0 and "simulated crash after step 45" in crashed.stderr
+    state = read_checkpoint(tmp_path / "split" / "checkpoints" / "last.ckpt")["lmtrain"]["state"]
+    assert state[0].shape[1] == 16  # the rows of both ranks (data.batch_size)
+    run_cli([*common, "ckpt_path=last", f"hydra.run.dir={tmp_path / 'split'}"], tmp_path)
+    expected, resumed = run_info(tmp_path / "straight")["metrics"], run_info(tmp_path / "split")["metrics"]
+    assert abs(resumed["val/ppl"] - expected["val/ppl"]) <= 1e-6 * expected["val/ppl"]
 
 
 # --- configs: presets and launchers ---------------------------------------------------------------------------

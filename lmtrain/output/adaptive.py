@@ -49,6 +49,8 @@ class AdaptiveSoftmax(OutputLayer):
     parameters are dense (no sparse row gradients).
     """
 
+    loss_is_nll = True
+
     def __init__(
         self,
         num_classes: int,

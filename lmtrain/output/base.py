@@ -15,6 +15,7 @@ class OutputLayer(nn.Module):
     """
 
     num_classes: int
+    loss_is_nll: bool = False  # True when `loss` is the exact mean -log p: then exp(loss) is a perplexity
 
     def loss(self, hidden: Tensor, target: Tensor) -> Tensor:
         """(N, d), (N,) -> scalar mean training objective."""

@@ -16,6 +16,8 @@ class FullSoftmax(OutputLayer):
     ``log_prob`` normalizes in vocabulary chunks of ``eval_chunk`` classes so that n = 10^6 fits.
     """
 
+    loss_is_nll = True
+
     def __init__(self, num_classes: int, dim: int, init_range: float = 0.1, eval_chunk: int = 65536) -> None:
         super().__init__()
         self.num_classes, self.dim = num_classes, dim

@@ -34,6 +34,8 @@ class HierarchicalSoftmax(OutputLayer):
     arrays are non-persistent buffers rebuilt from ``counts`` in ``__init__``, never saved.
     """
 
+    loss_is_nll = True
+
     def __init__(
         self,
         num_classes: int,
