@@ -220,7 +220,6 @@ def train(cfg: DictConfig) -> dict[str, float]:
         tested = trainer.test(module, datamodule=datamodule, ckpt_path=best_path, verbose=False)
         metrics.update({k: float(v) for k, v in (tested[0] if tested else {}).items()})
     if trainer.is_global_zero:  # one writer under DDP
-        OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
         write_run_info(run_dir, name, output_choice, cfg, metrics, time.perf_counter() - started)
     for lg in loggers:
         lg.finalize("success")

@@ -42,7 +42,6 @@ class NCE(NegativeSampling):
         query: Tensor,
         target: Tensor,
         target_score: Tensor,
-        noise_ids: Tensor,
         noise_log_q: Tensor,
         noise_score: Tensor,
     ) -> tuple[Tensor, Tensor]:

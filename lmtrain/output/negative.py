@@ -47,7 +47,6 @@ class NegativeSampling(SampledSoftmax):
         query: Tensor,
         target: Tensor,
         target_score: Tensor,
-        noise_ids: Tensor,
         noise_log_q: Tensor,
         noise_score: Tensor,
     ) -> tuple[Tensor, Tensor]:
@@ -59,5 +58,5 @@ class NegativeSampling(SampledSoftmax):
         query = self.query(hidden)  # (N, d')
         target_score = self.query_scores(query, target.unsqueeze(1))  # (N, 1)
         noise_score = self.query_scores(query, ids)  # (N, m)
-        target_logit, noise_logit = self.classifier_logits(query, target, target_score, ids, log_q, noise_score)
+        target_logit, noise_logit = self.classifier_logits(query, target, target_score, log_q, noise_score)
         return (F.softplus(-target_logit).sum(1) + F.softplus(noise_logit).sum(1)).mean()
