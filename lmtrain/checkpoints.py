@@ -22,11 +22,30 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        remove_stale_temporaries(path)
         with open(tmp, "wb") as f:
             torch.save(checkpoint, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+
+
+def remove_stale_temporaries(path: Path) -> None:
+    """Delete the half-written ``.NAME.tmp-PID`` files that killed writers left beside ``path`` (their PID is gone)."""
+    for tmp in path.parent.glob(f".{path.name}.tmp-*"):
+        pid = tmp.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not pid_alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
 
 
 def read_checkpoint(path: Path) -> dict[str, Any]:

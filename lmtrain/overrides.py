@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from omegaconf import DictConfig
+
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("data", "model", "sampler", "output", "optim", "trainer", "logger", "experiment")
 _SAMPLER_DEFAULT = re.compile(r"override\s+/sampler@_global_\.sampler:\s*(\w+)")
@@ -12,6 +14,14 @@ _SAMPLER_DEFAULT = re.compile(r"override\s+/sampler@_global_\.sampler:\s*(\w+)")
 
 class OverrideError(ValueError):
     """A command-line override that names an unknown option or key."""
+
+
+def compose_config(overrides: list[str]) -> DictConfig:
+    """conf/train.yaml composed with ``overrides``, outside a Hydra app (scripts, diagnostics, tests)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("train", overrides=overrides)
 
 
 def choices(group: str) -> list[str]:

@@ -162,7 +162,8 @@ def markdown_table(rows: list[SummaryRow], root: Path | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
+    """matplotlib.pyplot on the non-interactive Agg backend (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -176,7 +177,7 @@ def plot_ppl_vs_samples(rows: list[SummaryRow], path: str | Path) -> Path:
 
     Strategies without samples (full softmax) are drawn as horizontal reference lines, as in Blanc & Rendle Fig. 2.
     """
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     use_test = any(r.test_ppl is not None for r in rows)
     score = [(r, r.test_ppl if use_test else r.best_val_ppl) for r in rows]
@@ -200,31 +201,46 @@ def plot_ppl_vs_samples(rows: list[SummaryRow], path: str | Path) -> Path:
     ax.grid(True, which="both", alpha=0.3)
     if ax.lines:
         ax.legend(fontsize=8)
-    return _save(fig, path, plt)
+    return save_figure(fig, path, plt)
+
+
+def validated_within_epochs(runs: Iterable[RunRecord]) -> bool:
+    """Whether some run was validated several times per epoch (trainer.val_check_interval): then validation
+    curves are plotted against the optimizer step rather than the epoch."""
+    return any(
+        len({e for _, e, _ in r.series["val/ppl"]}) < len(r.series["val/ppl"]) for r in runs if r.series.get("val/ppl")
+    )
+
+
+def val_curve(run: RunRecord, by_step: bool) -> tuple[list[int], list[float]]:
+    """x (step or epoch, 1-based) and validation perplexity of a run."""
+    val = run.series.get("val/ppl", [])
+    return [(s if by_step else e) + 1 for s, e, _ in val], [v for _, _, v in val]
 
 
 def plot_val_curves(rows: list[SummaryRow], path: str | Path) -> Path:
-    """Validation perplexity per epoch, one line per strategy, one panel per m (as in the RF-softmax paper, Fig. 3)."""
-    plt = _pyplot()
+    """Validation perplexity per epoch (or per step), one line per strategy, one panel per m (RF-softmax, Fig. 3)."""
+    plt = pyplot()
     curves = [r for r in rows if r.run.series.get("val/ppl")]
     sizes = sorted({r.num_samples for r in curves if r.num_samples is not None}) or [None]
+    by_step = validated_within_epochs([r.run for r in curves])
     fig, axes = plt.subplots(1, len(sizes), figsize=(5.5 * len(sizes), 4.5), squeeze=False)
     for ax, m in zip(axes[0], sizes, strict=True):
         for row in curves:
             if row.num_samples in (m, None):
-                val = row.run.series["val/ppl"]
                 ls = "--" if row.num_samples is None else "-"
-                ax.plot([e + 1 for _, e, _ in val], [v for _, _, v in val], ls=ls, marker="o", label=row.label)
-        ax.set(xlabel="epoch", ylabel="validation perplexity (exact)", yscale="log")
+                ax.plot(*val_curve(row.run, by_step), ls=ls, marker="o", label=row.label)
+        ax.set(xlabel="optimizer step" if by_step else "epoch", ylabel="validation perplexity (exact)", yscale="log")
         ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
         ax.set_title("all runs" if m is None else f"m = {m}")
         ax.grid(True, which="both", alpha=0.3)
         if ax.lines:
             ax.legend(fontsize=8)
-    return _save(fig, path, plt)
+    return save_figure(fig, path, plt)
 
 
-def _save(fig: Any, path: str | Path, plt: Any) -> Path:
+def save_figure(fig: Any, path: str | Path, plt: Any) -> Path:
+    """Lay out, write (creating the folder) and close ``fig``."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()

@@ -136,6 +136,22 @@ def write_run_info(
     (run_dir / "run.json").write_text(json.dumps(info, indent=2, default=str))
 
 
+def build_model(cfg: DictConfig) -> tuple[L.LightningDataModule, LanguageModel]:
+    """The data module (set up) and the LanguageModel (encoder + output strategy) that ``cfg`` describes;
+    ``module.signature`` is what a checkpoint must match to be loaded into it."""
+    datamodule = instantiate(cfg.data)
+    datamodule.setup()
+    encoder = build(cfg.model, num_classes=datamodule.num_classes)
+    output = build_output(cfg, datamodule.num_classes, encoder.output_dim, datamodule.counts)
+    module = LanguageModel(encoder, output, OmegaConf.to_container(cfg.optim, resolve=True), cfg.loss_reduction)
+    module.signature = {
+        "num_classes": datamodule.num_classes,
+        "output": cfg.output._target_,
+        "model": OmegaConf.to_container(cfg.model, resolve=True),
+    }
+    return datamodule, module
+
+
 def train(cfg: DictConfig) -> dict[str, float]:
     """Train and evaluate one model; returns the final metrics (val/ppl of the best epoch, test/ppl, ...)."""
     started = time.perf_counter()
@@ -146,17 +162,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     torch.set_float32_matmul_precision("high")
     torch.set_flush_denormal(True)  # tiny LSTM gradients as subnormal floats are very slow on CPUs
 
-    datamodule = instantiate(cfg.data)
-    datamodule.setup()
-    encoder = build(cfg.model, num_classes=datamodule.num_classes)
-    output = build_output(cfg, datamodule.num_classes, encoder.output_dim, datamodule.counts)
-    module = LanguageModel(encoder, output, OmegaConf.to_container(cfg.optim, resolve=True), cfg.loss_reduction)
-    signature = {
-        "num_classes": datamodule.num_classes,
-        "output": cfg.output._target_,
-        "model": OmegaConf.to_container(cfg.model, resolve=True),
-    }
-    module.signature = signature
+    datamodule, module = build_model(cfg)
+    signature = module.signature
 
     resume_id = None
     if ckpt is not None:

@@ -28,11 +28,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from hydra import compose, initialize_config_dir
 from torch import Tensor, nn
 
-ROOT = Path(__file__).resolve().parent.parent
-CONF_DIR = ROOT / "conf"
+from lmtrain.overrides import CONF_DIR, compose_config
+
 DEFAULT_OUTPUTS = ["full", "uniform", "unigram", "exp", "nce", "negative"]
 OPTIONAL_OUTPUTS = ["quadratic", "rff", "hsm", "adaptive"]
 PLAIN = "plain_sampled"  # name of the plain-PyTorch reference in the results
@@ -47,8 +46,7 @@ def zipf_counts(n: int, tokens: float = 1e7) -> Tensor:
 @functools.cache
 def compose_output(name: str, overrides: tuple[str, ...], num_samples: int | None) -> Any:
     """The full app config with ``output=name`` (the data group is dropped: no corpus is needed here)."""
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("train", overrides=["~data", f"output={name}", *overrides])
+    cfg = compose_config(["~data", f"output={name}", *overrides])
     if num_samples is not None and "num_samples" in cfg.output:
         cfg.output.num_samples = num_samples
     return cfg

@@ -22,22 +22,16 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-from lmtrain.overrides import CONF_DIR
+from lmtrain.overrides import compose_config
 from lmtrain.results import read_metrics
 from lmtrain.run import train
 
 
-def compose_cfg(overrides: list[str]):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose("train", overrides=overrides)
-
-
 def lmtrain_round(output: str, args: argparse.Namespace, workdir: Path, index: int) -> float:
     run_dir = workdir / f"{output}-{index}"
-    cfg = compose_cfg(
+    cfg = compose_config(
         [
             f"experiment={args.experiment}",
             f"output={output}",
@@ -59,7 +53,7 @@ def lmtrain_round(output: str, args: argparse.Namespace, workdir: Path, index: i
 
 def plain_round(args: argparse.Namespace) -> float:
     """The hand-written full-softmax loop on the same data layout and model sizes."""
-    cfg = compose_cfg([f"experiment={args.experiment}", *args.override])
+    cfg = compose_config([f"experiment={args.experiment}", *args.override])
     dm = instantiate(cfg.data)
     dm.setup()
     n, m = dm.num_classes, cfg.model

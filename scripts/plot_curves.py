@@ -12,12 +12,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from lmtrain.results import load_run  # noqa: E402
+from lmtrain.report import pyplot, save_figure, val_curve, validated_within_epochs
+from lmtrain.results import load_run
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -30,11 +26,12 @@ def main(argv: list[str] | None = None) -> Path:
     runs = [load_run(r) for r in args.runs]
     strategies = [str(run.info.get("output") or run.name) for run in runs]
     labels = [s if strategies.count(s) == 1 else f"{s} ({run.name})" for s, run in zip(strategies, runs, strict=True)]
+    plt = pyplot()
+    by_step = validated_within_epochs(runs)
     fig, (ax_val, ax_train) = plt.subplots(1, 2, figsize=(12, 4.5))
     for run, label in zip(runs, labels, strict=True):
-        val = run.series.get("val/ppl", [])
-        if val:
-            ax_val.plot([e + 1 for _, e, _ in val], [v for _, _, v in val], marker="o", label=label)
+        if run.series.get("val/ppl"):
+            ax_val.plot(*val_curve(run, by_step), marker="o", label=label)
         if run.series.get("train/ppl_step") or run.series.get("train/ppl"):
             rows = run.series.get("train/ppl_step") or run.series["train/ppl"]
             ax_train.plot([s for s, _, _ in rows], [v for _, _, v in rows], label=f"{label} (train ppl)", lw=1)
@@ -47,17 +44,19 @@ def main(argv: list[str] | None = None) -> Path:
                 lw=1,
                 label=f"{run.name} (surrogate loss)",
             )
-    ax_val.set(xlabel="epoch", ylabel="validation perplexity (exact)", yscale="log", title="validation")
+    ax_val.set(
+        xlabel="optimizer step" if by_step else "epoch",
+        ylabel="validation perplexity (exact)",
+        yscale="log",
+        title="validation",
+    )
     ax_train.set(xlabel="step", ylabel="train perplexity, or training loss (nats)", yscale="log", title="training")
     for ax in (ax_val, ax_train):
         ax.grid(True, which="both", alpha=0.3)
         if ax.lines:
             ax.legend(fontsize=8)
     fig.suptitle(args.title)
-    fig.tight_layout()
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
+    out = save_figure(fig, args.out, plt)
     print(f"wrote {out}")
     return out
 

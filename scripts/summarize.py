@@ -1,6 +1,6 @@
 """Summarize a Hydra multirun of lmtrain jobs: a markdown table and two perplexity plots.
 
-    python scripts/summarize.py MULTIRUN_DIR [--out DIR]
+    python scripts/summarize.py MULTIRUN_DIR [--out DIR] [--outputs full,rff] [--num-samples 100]
 
 Writes DIR/summary.md (strategy, sampler and its options, m, best val ppl, test ppl, tokens/s, wall time per
 job; failed or unfinished jobs are listed as such), DIR/ppl_vs_samples.png (test perplexity against the number
@@ -29,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sweep", type=Path, help="a multirun folder (hydra.sweep.dir) or any folder of run folders")
     parser.add_argument("--out", type=Path, default=None, help="where to write summary.md and the PNGs")
+    parser.add_argument("--outputs", default=None, help="keep only these strategies (comma list, e.g. full,rff)")
+    parser.add_argument("--num-samples", type=int, default=None, help="keep only this m (and strategies without m)")
     args = parser.parse_args(argv)
 
     if not args.sweep.is_dir():
@@ -41,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or args.sweep
     out.mkdir(parents=True, exist_ok=True)
     rows = summarize(runs)
+    if args.outputs:
+        rows = [row for row in rows if row.strategy in args.outputs.split(",")]
+    if args.num_samples is not None:
+        rows = [row for row in rows if row.num_samples in (args.num_samples, None)]
     table = markdown_table(rows, root=args.sweep)
     finished = sum(row.finished for row in rows)
     text = f"# Sweep {args.sweep}\n\n{finished} of {len(rows)} jobs finished.\n\n{table}"

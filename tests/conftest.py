@@ -7,10 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from lmtrain.overrides import CONF_DIR
+from lmtrain.overrides import compose_config
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("WANDB_SILENT", "true")
@@ -36,8 +35,7 @@ TINY = [
 
 
 def make_config(overrides: list[str] | None = None) -> DictConfig:
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose("train", overrides=list(overrides or []))
+    return compose_config(list(overrides or []))
 
 
 @pytest.fixture

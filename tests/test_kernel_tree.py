@@ -57,6 +57,8 @@ def test_log_q_is_a_distribution_and_draws_follow_it(kind, path):
     every = torch.arange(n).expand(3, n)
     q = tree.log_q(query, every).exp()  # (3, n)
     torch.testing.assert_close(q.sum(1), torch.ones(3), rtol=0, atol=1e-5)
+    # every class at once (diagnostics): the same distribution, including the empty trailing buckets
+    torch.testing.assert_close(tree.log_q_all(query).exp(), q, rtol=0, atol=1e-6)
 
     torch.manual_seed(2)
     draws = 30_000

@@ -11,6 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import plot_curves  # noqa: E402
 
+from lmtrain.report import val_curve, validated_within_epochs  # noqa: E402
 from lmtrain.results import load_run  # noqa: E402
 
 
@@ -38,3 +39,14 @@ def test_plot_curves_writes_a_png_with_one_line_per_run(tmp_path):
 def test_a_folder_without_metrics_is_named_in_the_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="holds no metrics.csv"):
         plot_curves.main([str(tmp_path), "--out", str(tmp_path / "x.png")])
+
+
+def test_runs_validated_within_epochs_are_plotted_by_step(tmp_path):
+    per_epoch = load_run(fake_run(tmp_path / "a", "full", [180.0, 150.0], exact_train=True))
+    assert not validated_within_epochs([per_epoch]) and val_curve(per_epoch, False) == ([1, 2], [180.0, 150.0])
+    folder = tmp_path / "b"
+    folder.mkdir()
+    (folder / "metrics.csv").write_text("epoch,step,val/ppl\n0,249,600.0\n0,499,400.0\n0,749,300.0\n")
+    within = load_run(folder)  # trainer.val_check_interval=250: three validations in epoch 0
+    assert validated_within_epochs([per_epoch, within])
+    assert val_curve(within, True) == ([250, 500, 750], [600.0, 400.0, 300.0])

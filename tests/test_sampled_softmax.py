@@ -207,3 +207,19 @@ def test_configs_build_the_strategies(overrides, sampler_type):
         assert output.sampler.power == 1.0 and output.sampler.distribution == "unigram"
     hidden, target = batch()
     assert torch.isfinite(output.loss(hidden, target))
+
+
+@pytest.mark.parametrize("layer_cls", ["CosineSampledSoftmax", "AbsoluteSampledSoftmax"])
+def test_softmax_proposal_is_the_models_own_softmax_for_every_logit_kind(layer_cls):
+    """output=rff / quadratic with sampler=softmax: q is softmax(tau cos) / softmax(|o|), so every draw's sampled
+    loss equals the exact NLL (the exp baseline for those models), and q = p exactly."""
+    import lmtrain.output as outputs
+
+    torch.manual_seed(0)
+    layer = getattr(outputs, layer_cls)(N_CLASSES, 6, SoftmaxSampler(N_CLASSES), num_samples=7)
+    hidden, target = torch.randn(9, 6), torch.randint(N_CLASSES, (9,))
+    exact = -layer.log_prob(hidden, target).mean()
+    for _ in range(5):
+        torch.testing.assert_close(layer.loss(hidden, target), exact)
+    log_p = torch.log_softmax(layer.score(layer.query(hidden), layer.weight), 1)
+    torch.testing.assert_close(layer.sampler.log_q_all(layer.query(hidden), N_CLASSES), log_p)

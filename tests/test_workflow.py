@@ -23,7 +23,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from lmtrain.build import build, build_output
-from lmtrain.checkpoints import read_checkpoint
+from lmtrain.checkpoints import AtomicCheckpointIO, read_checkpoint
 from lmtrain.errors import run_guarded
 from lmtrain.module import LanguageModel
 from lmtrain.overrides import CONF_DIR
@@ -197,6 +197,11 @@ def test_multirun_gives_one_wandb_run_per_job_and_a_summary(tmp_path):
     for png in ("ppl_vs_samples.png", "val_curves.png"):
         image = matplotlib.image.imread(out / png)
         assert image.shape[0] > 200 and image.shape[1] > 300 and image.std() > 0  # a drawn figure, not blank
+    assert summarize.main([str(sweep), "--out", str(out / "m16"), "--num-samples", "16"]) == 0
+    kept = [line for line in (out / "m16" / "summary.md").read_text().splitlines() if "| uniform |" in line]
+    assert len(kept) == 1 and kept[0].startswith("| 1 |")
+    assert summarize.main([str(sweep), "--out", str(out / "none"), "--outputs", "full"]) == 0
+    assert "0 of 0 jobs finished" in (out / "none" / "summary.md").read_text()
 
 
 @pytest.mark.parametrize("failure", ["known", "unexpected"])
@@ -310,6 +315,11 @@ def test_a_kill_during_checkpoint_writing_keeps_the_previous_checkpoint(tmp_path
         torch.load(partial, weights_only=False)
     checkpoint = read_checkpoint(path)  # ... and the previous checkpoint is whole
     assert checkpoint["lmtrain"]["version"] == 1 and torch.equal(checkpoint["state_dict"]["w"], torch.ones(4))
+    live = path.with_name(f".last.ckpt.tmp-{os.getppid()}")  # a live writer's (our parent's) file is left alone
+    live.write_bytes(b"partial")
+    AtomicCheckpointIO().save_checkpoint({"state_dict": {}, "lmtrain": {"version": 3}}, path)
+    assert not partial.exists() and live.exists()  # the next save cleans up after the killed writer
+    assert read_checkpoint(path)["lmtrain"]["version"] == 3
 
 
 # --- multi-process training -----------------------------------------------------------------------------------

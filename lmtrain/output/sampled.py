@@ -66,6 +66,7 @@ class SampledSoftmax(OutputLayer):
         nn.init.uniform_(self.weight, -init_range, init_range)
         if bias:
             nn.init.zeros_(self.weight[:, -1:])
+        self.sampler.use_scores(self.score)  # a softmax proposal is then this model's softmax (any subclass)
         self.sampler.update(self.weight.detach())
         # derived sampler state (trees) is never stored: rebuild it from the loaded weights
         self.register_load_state_dict_post_hook(lambda module, _: module.sampler.update(module.weight.detach()))
@@ -125,6 +126,21 @@ class SampledSoftmax(OutputLayer):
         query = self.query(hidden)  # (N, d')
         target_logit = self.query_scores(query, target.unsqueeze(1))  # (N, 1)
         neg_logits = self.query_scores(query, ids)  # (N, m)
+        return self.sampled_nll(query, target, target_logit, neg_logits, ids, log_q, tries).mean()
+
+    def sampled_nll(
+        self,
+        query: Tensor,
+        target: Tensor,
+        target_logit: Tensor,
+        neg_logits: Tensor,
+        ids: Tensor,
+        log_q: Tensor,
+        tries: Tensor | None,
+    ) -> Tensor:
+        """The per-position sampled-softmax loss (N,) from the logits of the targets (N, 1) and of the drawn
+        ids (N, m) (``draw``'s ids, log q and tries): the estimator that training minimises and that
+        ``lmtrain.diagnose`` differentiates with respect to the logits."""
         hits = ids.unsqueeze(0) == target.unsqueeze(1) if ids.dim() == 1 else ids == target.unsqueeze(1)
         log_q = log_q.expand_as(neg_logits)  # (N, m)
         if tries is not None:  # without replacement: expected counts E_j = 1 - (1 - q_j)^tries
@@ -148,7 +164,7 @@ class SampledSoftmax(OutputLayer):
             else:
                 neg_logits = neg_logits - (math.log(self.num_samples) + log_q)
         logits = torch.cat([target_logit, neg_logits], dim=1)  # (N, 1 + m)
-        return (torch.logsumexp(logits, dim=1) - target_logit[:, 0]).mean()
+        return torch.logsumexp(logits, dim=1) - target_logit[:, 0]
 
     def after_optimizer_step(self) -> None:
         self.sampler.update(self.weight.detach(), changed_rows(self.weight))

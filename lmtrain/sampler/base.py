@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import torch
 from torch import Tensor, nn
 
 
@@ -27,3 +30,14 @@ class Sampler(nn.Module):
 
     def update(self, weight: Tensor, rows: Tensor | None = None) -> None:
         """Refresh after class embeddings changed; ``rows`` = changed rows, None = all. Default no-op."""
+
+    def use_scores(self, score: Callable[[Tensor, Tensor], Tensor]) -> None:
+        """Receive the output layer's logit function, query (N, d') and rows (k, d') -> (N, k). Samplers whose
+        proposal is the model's own softmax keep it; the others ignore it (the default)."""
+
+    def log_q_all(self, hidden: Tensor, num_classes: int) -> Tensor:
+        """log q of every class for each query (N, d') -> (N, n), for diagnostics (KL(p || q)); O(N n) memory."""
+        ids = torch.arange(num_classes, device=hidden.device)
+        if not self.per_example:
+            return self.log_q(None, ids).expand(hidden.shape[0], -1)
+        return self.log_q(hidden, ids.expand(hidden.shape[0], -1))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -9,7 +11,8 @@ from lmtrain.sampler.base import Sampler
 
 
 class SoftmaxSampler(Sampler):
-    """q(i | h) = softmax(query(h) . weight)_i, per example, from the output layer's current weights.
+    """q(i | h) = softmax(score(query(h), weight))_i, per example: the output layer's own softmax over its current
+    weights (its ``score``: the dot product by default, tau * cos for ``output=rff``, |o| for ``output=quadratic``).
 
     ``update`` keeps a reference to the weight it is given (no copy), so q always follows the live
     parameters. Every call costs a full (N, n) product: this is the reference that makes sampled
@@ -22,6 +25,10 @@ class SoftmaxSampler(Sampler):
         super().__init__()
         self.num_classes = num_classes
         self._weight: Tensor | None = None
+        self._score: Callable[[Tensor, Tensor], Tensor] = lambda query, weight: query @ weight.T
+
+    def use_scores(self, score: Callable[[Tensor, Tensor], Tensor]) -> None:
+        self._score = score  # e.g. tau * cos for output=rff, |o| for output=quadratic: q is then exactly p
 
     def update(self, weight: Tensor, rows: Tensor | None = None) -> None:
         self._weight = weight  # a (detached) view of the live parameter: always current
@@ -29,7 +36,7 @@ class SoftmaxSampler(Sampler):
     def _log_softmax(self, hidden: Tensor | None) -> Tensor:
         if hidden is None or self._weight is None:
             raise ValueError("SoftmaxSampler needs the query vectors and the weights (call update(weight) first)")
-        return torch.log_softmax(hidden.detach() @ self._weight.T, dim=1)  # (N, n)
+        return torch.log_softmax(self._score(hidden.detach(), self._weight), dim=1)  # (N, n)
 
     def sample(self, hidden: Tensor | None, num_samples: int) -> tuple[Tensor, Tensor]:
         log_p = self._log_softmax(hidden)  # (N, n)

@@ -46,6 +46,9 @@ class KernelSampler(Sampler):
             raise ValueError("a kernel sampler's log_q depends on the query: pass it as `hidden`")
         return self.tree.log_q(hidden, ids)
 
+    def log_q_all(self, hidden: Tensor, num_classes: int) -> Tensor:
+        return self.tree.log_q_all(hidden)
+
     def update(self, weight: Tensor, rows: Tensor | None = None) -> None:
         built = self.tree.weight is not None and self.tree.weight.shape == weight.shape
         if built and rows is not None:

@@ -153,6 +153,24 @@ class KernelTree(nn.Module):
         log_path = self._blocks(block, n_query, 2 * k * self.depth * phi.shape[1])
         return (log_path + log_in).view(n_query, k)
 
+    def log_q_all(self, query: Tensor) -> Tensor:
+        """Exact log q of every class for each query, (N, n): the walk's branch probabilities for every node of
+        the tree at once (an (N, F) x (F, 2B - 1) product) times the in-bucket probabilities. For diagnostics."""
+        self._check(query)
+        phi = self.features(query)  # (N, F)
+        n_query, size = phi.shape[0], self.bucket_size
+        log_node = phi.new_zeros(n_query, 1)  # (N, 1): log-probability of reaching the root
+        for level in range(self.depth):
+            nodes = slice((2 << level) - 1, (4 << level) - 1)  # the children's level: 2^(level+1) nodes
+            s = torch.maximum(phi @ self.nodes[nodes].T, self.floor[nodes]).view(n_query, -1, 2)  # (N, width/2, 2)
+            branch = (s.log() - s.sum(2, keepdim=True).log()).nan_to_num(nan=float("-inf"))  # empty pairs: 0 / 0
+            log_node = (log_node.unsqueeze(2) + branch).flatten(1)  # (N, width)
+        dots = self.features.prepare(query) @ self.features.prepare(self.weight).T  # (N, n)
+        logk = self.features.log_kernel_dot(dots)
+        logk = nn.functional.pad(logk, (0, self.num_buckets * size - self.num_classes), value=float("-inf"))
+        log_in = torch.log_softmax(logk.view(n_query, self.num_buckets, size), dim=2)  # (N, B, L)
+        return (log_node.unsqueeze(2) + log_in).flatten(1)[:, : self.num_classes]
+
     def _check(self, query: Tensor) -> None:
         if self.weight is None:
             raise RuntimeError("KernelTree is empty: call update(weight) (or rebuild) before sampling")
