@@ -42,7 +42,8 @@ class LanguageModel(L.LightningModule):
         self._batches_done = 0  # training windows finished in the current epoch
         self._continue_epoch = False
         self._restore_rng: dict[str, Any] | None = None
-        self._clock: float | None = None
+        self._clock: float | None = None  # when tokens_per_sec was last written
+        self._tokens = 0  # training tokens since then
 
     # --- one window ----------------------------------------------------------------------------
     def _hidden(self, inputs: Tensor, split: str) -> Tensor:
@@ -61,16 +62,24 @@ class LanguageModel(L.LightningModule):
                 f"training loss became {loss.item()} at global step {self.global_step} "
                 f"(epoch {self.current_epoch}, batch {batch_idx}); lower optim.lr or check the data"
             )
-        now = time.perf_counter()
-        if self._clock is not None:
-            self.log("tokens_per_sec", inputs.numel() / (now - self._clock), on_step=True, on_epoch=False)
-        self._clock = now
         self._batches_done = batch_idx + 1  # read by checkpoints saved at the end of this batch
         self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
+        self._log_step_metrics(loss, inputs.numel())
+        return loss * inputs.shape[1] if self.loss_reduction == "sum" else loss
+
+    def _log_step_metrics(self, loss: Tensor, tokens: int) -> None:
+        """Perplexity, learning rate and throughput, on the steps whose metrics Lightning writes: each
+        ``self.log`` call costs milliseconds in Lightning, more than a small model's step can spare."""
+        self._tokens += tokens
+        if not _writes_step_metrics(self.trainer):
+            return
         if self.output.loss_is_nll:  # only then is exp(loss) a perplexity
             self.log("train/ppl", loss.detach().exp(), on_step=True, on_epoch=False, prog_bar=True)
         self.log("lr", self.trainer.optimizers[0].param_groups[0]["lr"], on_step=True, on_epoch=False)
-        return loss * inputs.shape[1] if self.loss_reduction == "sum" else loss
+        now = time.perf_counter()
+        if self._clock is not None:  # mean over the steps since the last write (validation excluded)
+            self.log("tokens_per_sec", self._tokens / (now - self._clock), on_step=True, on_epoch=False)
+        self._clock, self._tokens = now, 0
 
     def on_train_epoch_start(self) -> None:
         self._clock = None
@@ -96,6 +105,7 @@ class LanguageModel(L.LightningModule):
 
     def _eval_start(self, split: str) -> None:
         self._state[split] = None
+        self._clock = None  # validation time is not training throughput
         self._eval_sums = torch.zeros(2, dtype=torch.float64)
 
     def _eval_end(self, split: str) -> None:
@@ -229,6 +239,14 @@ class LanguageModel(L.LightningModule):
         windows = self.trainer.datamodule.num_train_windows
         limit = self.trainer.limit_train_batches
         return min(windows, limit) if isinstance(limit, int) else int(windows * (1.0 if limit is None else limit))
+
+
+def _writes_step_metrics(trainer: L.Trainer) -> bool:
+    """Whether Lightning writes on_step metrics at this training step (every ``log_every_n_steps``).
+
+    Read from Lightning's logger connector; a Lightning without it gets every step logged."""
+    connector = getattr(trainer, "_logger_connector", None)
+    return bool(getattr(connector, "should_update_logs", True) or trainer.fast_dev_run)
 
 
 def get_rng_states() -> dict[str, Any]:

@@ -98,33 +98,40 @@ def build_optimizer(
     return MixedOptimizer(children)
 
 
-def grad_norm(params: Iterable[Tensor]) -> Tensor:
-    """Global L2 norm of all gradients; sparse gradients are coalesced first (duplicates add up)."""
-    squares = []
+def _grad_tensors(params: Iterable[Tensor]) -> list[Tensor]:
+    """The tensors holding each gradient's entries: dense grads, and the values of coalesced sparse ones
+    (a view, so scaling it in place scales the sparse gradient); sparse grads are coalesced in place."""
+    tensors = []
     for p in params:
         if p.grad is None:
             continue
-        g = p.grad.coalesce().values() if p.grad.is_sparse else p.grad
-        squares.append(g.detach().float().pow(2).sum())
-    if not squares:
+        if p.grad.is_sparse:
+            if not p.grad.is_coalesced():
+                p.grad = p.grad.coalesce()  # duplicate rows add up
+            tensors.append(p.grad.values())
+        else:
+            tensors.append(p.grad)
+    return tensors
+
+
+def grad_norm(params: Iterable[Tensor]) -> Tensor:
+    """Global L2 norm of all gradients; sparse gradients are coalesced first (duplicates add up)."""
+    tensors = _grad_tensors(params)
+    if not tensors:
         return torch.zeros(())
-    return torch.stack(squares).sum().sqrt()
+    return torch.nn.utils.get_total_norm([t.detach() for t in tensors], foreach=True)
 
 
 def clip_grad_norm(params: Iterable[Tensor], max_norm: float) -> Tensor:
     """Scale all gradients (dense and sparse) so their global norm is at most ``max_norm``.
 
-    Sparse gradients are coalesced in place first, so only their touched rows are read or scaled.
+    Sparse gradients are coalesced in place first, so only their touched rows are read or scaled; the
+    norm and the scaling are fused over all gradients (foreach kernels), as in torch's own clipping.
     """
-    params = [p for p in params if p.grad is not None]
-    for p in params:
-        if p.grad.is_sparse and not p.grad.is_coalesced():
-            p.grad = p.grad.coalesce()
-    total = grad_norm(params)
+    tensors = _grad_tensors(params)
+    if not tensors:
+        return torch.zeros(())
+    total = torch.nn.utils.get_total_norm([t.detach() for t in tensors], foreach=True)
     scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
-    for p in params:
-        if p.grad.is_sparse:
-            p.grad = p.grad * scale.to(p.grad.device)
-        else:
-            p.grad.mul_(scale.to(p.grad.device))
+    torch._foreach_mul_(tensors, scale.to(tensors[0].device))  # one model: all gradients on one device
     return total

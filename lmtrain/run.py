@@ -27,6 +27,7 @@ from lmtrain.checkpoints import (
     read_checkpoint,
 )
 from lmtrain.csv_logger import MetricsCSVLogger
+from lmtrain.memory import reuse_freed_memory
 from lmtrain.module import LanguageModel
 
 log = logging.getLogger("lmtrain")
@@ -161,6 +162,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision("high")
     torch.set_flush_denormal(True)  # tiny LSTM gradients as subnormal floats are very slow on CPUs
+    if cfg.get("reuse_freed_memory", True):
+        reuse_freed_memory()  # no page faults for each step's big buffers (lmtrain.memory)
 
     datamodule, module = build_model(cfg)
     signature = module.signature

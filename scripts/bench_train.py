@@ -5,10 +5,13 @@
 Every measurement runs in this one process, rounds interleaved (strategy A, B, ..., plain; then again), so that
 machine load drifts hit all of them alike. A round trains `--steps` optimizer steps of the configured experiment
 (default `zaremba_small`: 2x200 LSTM, batch 20 x 20 steps) through `lmtrain.run.train`, with validation,
-checkpoints and W&B switched off. Its throughput is the median of the per-step `tokens_per_sec` after `--warmup`
-steps. The reference is the loop a user would write by hand for the full softmax: embedding, LSTM, linear,
-cross-entropy, clip, and SGD, on the same windows. Reported: the median over rounds, each strategy / full, and
-lmtrain full / plain.
+checkpoints and W&B switched off. Its throughput is the median of the `tokens_per_sec` values written after
+`--warmup` steps; lmtrain writes each as the mean over the last `--interval` steps, as a real run does every
+`trainer.log_every_n_steps` (20). The reference is the loop a user would write by hand for the full softmax:
+embedding, LSTM, linear, cross-entropy, clip, and SGD, on the same windows. Reported: the median over rounds,
+each strategy / full, and lmtrain full / plain. lmtrain's allocator setting (`reuse_freed_memory`, see
+lmtrain/memory.py) is process-wide, so it is applied before the first round and both loops run under it;
+`--default-malloc` measures both with glibc's defaults instead.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from hydra.utils import instantiate
 
+from lmtrain.memory import reuse_freed_memory
 from lmtrain.overrides import compose_config
 from lmtrain.results import read_metrics
 from lmtrain.run import train
@@ -38,12 +42,13 @@ def lmtrain_round(output: str, args: argparse.Namespace, workdir: Path, index: i
             *args.override,
             f"trainer.max_steps={args.steps}",
             "+trainer.limit_val_batches=0",
-            "trainer.log_every_n_steps=1",
+            f"trainer.log_every_n_steps={args.interval}",
             "test_after_fit=false",
             "logger=csv",
             "progress_bar=false",
             "checkpoint_every_n_steps=1000000000",
             f"run_dir={run_dir}",
+            f"reuse_freed_memory={not args.default_malloc}",
         ]
     )
     train(cfg)
@@ -89,9 +94,18 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--interval", type=int, default=10, help="steps per tokens_per_sec measurement")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--json", default=None, help="write the results to this path")
+    parser.add_argument(
+        "--default-malloc",
+        action="store_true",
+        help="keep glibc's allocator defaults (reuse_freed_memory=false); otherwise lmtrain's setting is applied "
+        "before any round, so the plain loop runs under it too",
+    )
     args = parser.parse_args(argv)
+    if not args.default_malloc:
+        reuse_freed_memory()  # process-wide: both loops alike
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)  # as lmtrain.run.train does, so the reference is not slowed by subnormals
@@ -108,6 +122,7 @@ def main(argv: list[str] | None = None) -> dict:
         "steps": args.steps,
         "rounds": args.rounds,
         "threads": torch.get_num_threads(),
+        "reuse_freed_memory": not args.default_malloc,
         "tokens_per_sec": median,
         "samples": samples,
         "ratio_to_full": {k: v / median["full"] for k, v in median.items()} if "full" in median else {},

@@ -154,3 +154,30 @@ def test_configs_build_nce_and_negative_sampling(overrides, cls, sampler_type, p
     assert getattr(output.sampler, "power", None) == power
     hidden, target = batch()
     assert torch.isfinite(output.loss(hidden, target))
+
+
+def test_log_unigram_bias_init_starts_nce_normalized_and_frequency_ordered():
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=["~data", "output=nce"])
+    layer = build_output(cfg, N_CLASSES, DIM, COUNTS)
+    bias = layer.weight[:, -1].detach()
+    smoothed = COUNTS.double() + 1
+    torch.testing.assert_close(bias.double(), (smoothed / smoothed.sum()).log(), rtol=0, atol=1e-6)
+    hidden, _ = batch(rows=50)
+    log_z = layer.log_normalizer(hidden)  # (N,): ln sum exp(s) of the model as built
+    # weights in +-init_range perturb each score by |w.h| <~ 0.1 * |h|_1: near 0, far from ln n at zero biases
+    assert log_z.abs().max() < 0.5 < math.log(N_CLASSES)
+
+
+def test_bias_init_options_are_checked():
+    from lmtrain.output import AbsoluteSampledSoftmax, FullSoftmax
+
+    full = FullSoftmax(N_CLASSES, DIM, bias_init="log_unigram", counts=COUNTS)
+    assert torch.equal(full.bias.argsort(descending=True), COUNTS.argsort(descending=True))
+    assert torch.logsumexp(full.bias, 0).abs() < 1e-5
+    with pytest.raises(ValueError, match="needs the training counts"):
+        FullSoftmax(N_CLASSES, DIM, bias_init="log_unigram")
+    with pytest.raises(ValueError, match="zero' or 'log_unigram"):
+        FullSoftmax(N_CLASSES, DIM, bias_init="ones")
+    with pytest.raises(ValueError, match=r"scores \|o\|"):
+        AbsoluteSampledSoftmax(N_CLASSES, DIM, UniformSampler(N_CLASSES), bias_init="log_unigram", counts=COUNTS)

@@ -41,6 +41,12 @@ def test_training_lowers_val_ppl_toward_the_entropy_bound(tiny_config, tmp_path)
     for name in ("metrics.csv", "config.yaml", "run.json", "checkpoints/last.ckpt"):
         assert (run / name).is_file(), name
     assert list((run / "checkpoints").glob("best-*.ckpt"))
+    # step metrics are written every log_every_n_steps (20) steps; throughput is the mean over each interval
+    rows = csv_rows(run / "metrics.csv")
+    speed_steps = [int(r["step"]) for r in rows if "tokens_per_sec" in r]
+    assert speed_steps and all((step + 1) % 20 == 0 for step in speed_steps)
+    assert all(float(r["tokens_per_sec"]) > 0 for r in rows if "tokens_per_sec" in r)
+    assert {int(r["step"]) for r in rows if "lr" in r} >= set(speed_steps)
 
 
 @pytest.mark.parametrize("crash_after", [13, 45])  # 31 windows per epoch: in epoch 1, and in epoch 2

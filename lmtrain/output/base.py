@@ -45,3 +45,15 @@ def changed_rows(param: Tensor) -> Tensor | None:
     if grad.is_sparse:
         return grad.coalesce().indices()[0]
     return None
+
+
+def initial_bias(kind: str, num_classes: int, counts: Tensor | None) -> Tensor:
+    """Initial output biases (n,): zeros, or ln of the add-one-smoothed unigram of the training ``counts``."""
+    if kind == "zero":
+        return torch.zeros(num_classes)
+    if kind != "log_unigram":
+        raise ValueError(f"output.bias_init must be 'zero' or 'log_unigram', got {kind!r}")
+    if counts is None or counts.numel() != num_classes:
+        raise ValueError("output.bias_init=log_unigram needs the training counts, one per class")
+    smoothed = counts.detach().double().cpu().reshape(-1) + 1.0
+    return (smoothed / smoothed.sum()).log().to(torch.get_default_dtype())

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lmtrain.output.base import OutputLayer
+from lmtrain.output.base import OutputLayer, initial_bias
 from lmtrain.output.exact import chunked_logsumexp
 
 
@@ -14,16 +14,25 @@ class FullSoftmax(OutputLayer):
     """Softmax cross-entropy over all classes; training loss and exact log-prob are the same model.
 
     ``log_prob`` normalizes in vocabulary chunks of ``eval_chunk`` classes so that n = 10^6 fits.
+    ``bias_init`` is ``zero`` or ``log_unigram`` (the biases start at the log training unigram, ``counts``).
     """
 
     loss_is_nll = True
 
-    def __init__(self, num_classes: int, dim: int, init_range: float = 0.1, eval_chunk: int = 65536) -> None:
+    def __init__(
+        self,
+        num_classes: int,
+        dim: int,
+        init_range: float = 0.1,
+        eval_chunk: int = 65536,
+        bias_init: str = "zero",
+        counts: Tensor | None = None,
+    ) -> None:
         super().__init__()
         self.num_classes, self.dim = num_classes, dim
         self.eval_chunk = eval_chunk
         self.weight = nn.Parameter(torch.empty(num_classes, dim))
-        self.bias = nn.Parameter(torch.zeros(num_classes))
+        self.bias = nn.Parameter(initial_bias(bias_init, num_classes, counts))
         nn.init.uniform_(self.weight, -init_range, init_range)
 
     def logits(self, hidden: Tensor) -> Tensor:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -28,6 +30,8 @@ class NegativeSampling(SampledSoftmax):
         sparse: bool = True,
         init_range: float = 0.1,
         eval_chunk: int = 65536,
+        bias_init: Literal["zero", "log_unigram"] = "zero",
+        counts: Tensor | None = None,
     ) -> None:
         super().__init__(
             num_classes,
@@ -40,6 +44,8 @@ class NegativeSampling(SampledSoftmax):
             sparse=sparse,
             init_range=init_range,
             eval_chunk=eval_chunk,
+            bias_init=bias_init,
+            counts=counts,
         )
 
     def classifier_logits(

@@ -16,5 +16,7 @@ class AbsoluteSampledSoftmax(SampledSoftmax):
     ``sampler=quadratic``, whose tree is refreshed in ``after_optimizer_step``.
     """
 
+    signed_scores = False  # |o| would turn log-unigram biases (all negative) into a rare-word preference
+
     def score(self, query: Tensor, rows: Tensor) -> Tensor:
         return super().score(query, rows).abs()

@@ -8,7 +8,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from lmtrain.output.base import OutputLayer, changed_rows
+from lmtrain.output.base import OutputLayer, changed_rows, initial_bias
 from lmtrain.output.exact import chunked_logsumexp
 from lmtrain.output.rows import gather_rows
 from lmtrain.sampler.base import Sampler
@@ -21,12 +21,16 @@ class SampledSoftmax(OutputLayer):
     product); ``shared_negatives=false`` draws N x m of them instead (per example). ``unique`` draws
     distinct negatives and corrects with expected counts; ``correction`` picks the exact DESIGN §3
     estimator or the classic ln(m q) one; ``remove_accidental_hits`` masks negatives equal to the target.
+    ``bias_init="log_unigram"`` starts the biases at the log of the smoothed training unigram (``counts``),
+    a normalized model (sum of exp(b) = 1) that already predicts word frequencies (Labeau & Allauzen 2018).
 
     Classes are stored as one augmented matrix ``weight`` (n, d + 1) = [W, b] (or (n, d) with
     ``bias=False``), so that a logit is ``query(h) . weight[i]`` and one sparse gather serves W and b.
     Subclasses change the logit (absolute, cosine) by overriding ``score``; evaluation is always the
     exact softmax over the same scores.
     """
+
+    signed_scores = True  # False where the logit is |o|: then only zero biases make sense
 
     def __init__(
         self,
@@ -42,6 +46,8 @@ class SampledSoftmax(OutputLayer):
         sparse: bool = True,
         init_range: float = 0.1,
         eval_chunk: int = 65536,
+        bias_init: Literal["zero", "log_unigram"] = "zero",
+        counts: Tensor | None = None,
     ) -> None:
         super().__init__()
         if correction not in ("exact", "classic"):
@@ -50,6 +56,10 @@ class SampledSoftmax(OutputLayer):
             raise ValueError(f"output.num_samples must be a positive number of negatives, got {num_samples}")
         if unique and (sampler.per_example or not shared_negatives):
             raise ValueError("output.unique=true needs shared negatives from a context-free sampler (uniform, unigram)")
+        if bias_init != "zero" and not self.signed_scores:
+            raise ValueError(
+                f"{type(self).__name__} scores |o|, so its biases start at zero; got bias_init={bias_init!r}"
+            )
         if unique and num_samples >= num_classes:
             raise ValueError(f"output.unique=true needs num_samples < num_classes ({num_classes}), got {num_samples}")
         self.num_classes, self.dim = num_classes, dim
@@ -65,7 +75,8 @@ class SampledSoftmax(OutputLayer):
         self.weight = nn.Parameter(torch.empty(num_classes, dim + int(bias)))
         nn.init.uniform_(self.weight, -init_range, init_range)
         if bias:
-            nn.init.zeros_(self.weight[:, -1:])
+            with torch.no_grad():
+                self.weight[:, -1] = initial_bias(bias_init, num_classes, counts)
         self.sampler.use_scores(self.score)  # a softmax proposal is then this model's softmax (any subclass)
         self.sampler.update(self.weight.detach())
         # derived sampler state (trees) is never stored: rebuild it from the loaded weights
