@@ -6,6 +6,7 @@
 #   python scripts/summarize.py runs/study/ptb --num-samples 100 --out docs/study/ptb_m100
 #   python scripts/summarize.py runs/study/ptb --outputs full,uniform,unigram,quadratic,rff --out docs/study/ptb_samples
 #   python scripts/summarize.py runs/study/wt2 --out docs/study/wt2
+#   python scripts/summarize.py runs/study/bias_init --out docs/study/bias_init
 # Usage: LMTRAIN_DATA_DIR=../shared/data bash scripts/study.sh [OUT=runs/study]
 set -euo pipefail
 out=${1:-runs/study}
@@ -25,11 +26,15 @@ controls() {  # the rff and quadratic models (tau cos, |o| logits) trained with 
     study output=rff,quadratic sampler=softmax hydra.sweep.dir="$out/controls/exact_proposal"
     study output=rff optim.lr=0.1,0.3 hydra.sweep.dir="$out/controls/rff_lower_lr"  # the LSTM saturated at lr 1
 }
+bias_init() {  # output biases from zero or from the log unigram (the default of nce and negative)
+    study output=full,unigram,nce,negative ++output.bias_init=zero,log_unigram hydra.sweep.dir="$out/bias_init"
+}
 lower_lr() {  # not part of the main tables: does a smaller step size rescue the strategies that diverged?
-    study output=uniform,nce,negative optim.lr=0.1,0.3 hydra.sweep.dir="$out/controls/lower_lr"
+    study output=uniform optim.lr=0.1,0.3 hydra.sweep.dir="$out/controls/lower_lr"
+    study output=nce,negative ++output.bias_init=zero optim.lr=0.1,0.3 hydra.sweep.dir="$out/controls/lower_lr_zero_bias"
     study output=uniform optim.clip=null hydra.sweep.dir="$out/controls/uniform_no_clip"  # is clipping the cause?
 }
 stream_a > "$out.a.log" 2>&1 &
 stream_b > "$out.b.log" 2>&1 &
-{ lower_lr; controls; } > "$out.c.log" 2>&1 &
+{ lower_lr; controls; bias_init; } > "$out.c.log" 2>&1 &
 wait
