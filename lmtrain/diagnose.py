@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 
 from lmtrain.build import build
 from lmtrain.checkpoints import CheckpointError, read_checkpoint
-from lmtrain.diagnostics import all_logits, gradient_bias, proposal_kl
+from lmtrain.diagnostics import all_logits, gradient_bias, hidden_spread, proposal_kl
 from lmtrain.errors import fail
 from lmtrain.output import FullSoftmax, SampledSoftmax
 from lmtrain.overrides import choices, compose_config
@@ -167,7 +167,13 @@ def diagnose(argv: list[str]) -> dict[str, Any]:
             )
             print(format_row(rows[-1]), flush=True)
     out = Path(options["out"]) if options["out"] else ckpt.parent.parent / "diagnose"
-    report = {"checkpoint": str(ckpt), "positions": int(hidden.shape[0]), "options": options, "rows": rows}
+    report = {
+        "checkpoint": str(ckpt),
+        "positions": int(hidden.shape[0]),
+        "hidden": hidden_spread(hidden),
+        "options": options,
+        "rows": rows,
+    }
     write_report(report, out)
     return report
 
@@ -218,9 +224,12 @@ def plot_bias_vs_samples(rows: list[dict[str, Any]], path: Path) -> Path:
 def write_report(report: dict[str, Any], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "diagnose.json").write_text(json.dumps(report, indent=2))
+    spread = report["hidden"]
     header = (
         f"Checkpoint {report['checkpoint']}, {report['positions']} held-out positions, "
-        f"{report['options']['draws']} draws per position and m.\n\n"
+        f"{report['options']['draws']} draws per position and m. Hidden states: mean pairwise cosine "
+        f"{spread['mean_pairwise_cosine']:.4f}, per-unit std across positions {spread['unit_std']:.3g} "
+        "(1 and 0 for an LSTM that gives every position the same state).\n\n"
         "| sampler | m | KL(p‖q) nats ± s.e. | relative gradient bias (RMS) ± s.e. | pooled ± s.e. "
         "| MC noise | seconds |\n"
         "|---|---|---|---|---|---|---|\n"

@@ -38,6 +38,17 @@ class BiasEstimate:
     draws: int
 
 
+def hidden_spread(hidden: Tensor) -> dict[str, float]:
+    """How much the held-out hidden states (N, d) differ: their mean pairwise cosine (1 when all point the same way)
+    and the mean over units of their standard deviation across positions (0 when the LSTM ignores its input, as a
+    saturated one does). A model whose hidden state is the same everywhere predicts one distribution everywhere."""
+    unit = torch.nn.functional.normalize(hidden, dim=1)
+    cosine = unit @ unit.T  # (N, N)
+    count = hidden.shape[0]
+    pairwise = (cosine.sum() - cosine.diagonal().sum()) / max(count * (count - 1), 1)
+    return {"mean_pairwise_cosine": float(pairwise), "unit_std": float(hidden.std(0).mean())}
+
+
 def proposal_kl(log_p: Tensor, log_q: Tensor) -> Tensor:
     """KL(p || q) in nats per position from log p and log q over all classes, (N, n) each -> (N,)."""
     return (log_p.exp() * (log_p - log_q)).sum(1)

@@ -189,9 +189,11 @@ def plot_ppl_vs_samples(rows: list[SummaryRow], path: str | Path) -> Path:
         (line,) = ax.plot(sizes, means, marker="o", label=label)
         if len(points) > len(sizes):
             ax.scatter([m for m, _ in points], [s for _, s in points], s=12, color=line.get_color(), alpha=0.5)
-    for r, s in score:
-        if r.num_samples is None:
-            ax.axhline(s, ls="--", lw=1, color="gray", label=f"{r.label} (exact)")
+    references = [(r, s) for r, s in score if r.num_samples is None]
+    styles = ["--", ":", "-.", (0, (5, 1, 1, 1))]  # several references (full, hsm, adaptive) must stay apart
+    for i, (r, s) in enumerate(references):
+        shade = str(0.15 + 0.45 * i / max(len(references) - 1, 1))  # dark to mid gray
+        ax.axhline(s, ls=styles[i % len(styles)], lw=1.2, color=shade, label=f"{r.label} (no m): {s:,.0f}")
     ax.set(xscale="log", yscale="log", xlabel="number of samples m", title="perplexity against sample size")
     sizes = sorted({r.num_samples for r, _ in score if r.num_samples is not None})
     if sizes:  # label the m values of the sweep, not powers of ten

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lmtrain.diagnose import main as diagnose_main
-from lmtrain.diagnostics import all_logits, gradient_bias, proposal_kl
+from lmtrain.diagnostics import all_logits, gradient_bias, hidden_spread, proposal_kl
 from lmtrain.output import SampledSoftmax
 from lmtrain.run import train
 from lmtrain.sampler import SoftmaxSampler, UniformSampler
@@ -94,6 +94,17 @@ def test_diagnose_command_writes_table_json_and_plot(tiny_config, tmp_path, caps
     assert all(r["kl"] > 0 and r["bias"] >= 0 and r["standard_error"] > 0 for r in report["rows"])
     assert (out / "bias_vs_samples.png").stat().st_size > 10_000
     assert "| uniform | 2 |" in (out / "diagnose.md").read_text()
+    assert -1 <= report["hidden"]["mean_pairwise_cosine"] < 1 and report["hidden"]["unit_std"] > 0
+
+
+def test_hidden_spread_tells_a_saturated_lstm_from_a_working_one():
+    gen = torch.Generator().manual_seed(0)
+    varied = torch.randn(50, 16, generator=gen)
+    spread = hidden_spread(varied)
+    assert abs(spread["mean_pairwise_cosine"]) < 0.1 and spread["unit_std"] > 0.5
+    saturated = torch.full((50, 16), 0.7) + 1e-5 * torch.randn(50, 16, generator=gen)  # one state everywhere
+    spread = hidden_spread(saturated)
+    assert spread["mean_pairwise_cosine"] > 0.9999 and spread["unit_std"] < 1e-4
 
 
 @pytest.mark.parametrize(
