@@ -13,9 +13,10 @@ _TRIM_THRESHOLD = 512 << 20
 def reuse_freed_memory() -> bool:
     """Make glibc malloc keep freed blocks of up to 32 MiB (and up to 512 MiB of free heap) for reuse.
 
-    By default glibc serves every block above 128 KiB to 32 MiB with a fresh mmap and returns it on free,
-    so each training step faults in its logits, gradients and activations page by page again. On the
-    2-core development machine that cost about a fifth of the PTB full-softmax step. Returns whether the
+    By default glibc serves large blocks with mmap (from 128 KiB, a threshold it raises as such blocks are
+    freed) and gives free memory at the top of the heap back to the system, so a training step's logits,
+    gradients and activations are faulted in page by page again and again. On the 2-core development machine
+    keeping them raised PTB full-softmax throughput by about 15% (docs/results.md). Returns whether the
     settings were applied (Linux with glibc only; elsewhere nothing changes).
     """
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
@@ -24,6 +25,6 @@ def reuse_freed_memory() -> bool:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:
         return False
-    return bool(libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)) & bool(
-        libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
-    )
+    mmap_set = libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)  # 1 on success
+    trim_set = libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
+    return bool(mmap_set and trim_set)
