@@ -7,7 +7,8 @@
 #   python scripts/summarize.py runs/study/ptb --outputs full,uniform,unigram,quadratic,rff --out docs/study/ptb_samples
 #   python scripts/summarize.py runs/study/wt2 --out docs/study/wt2
 #   python scripts/summarize.py runs/study/bias_init --out docs/study/bias_init
-# Usage: LMTRAIN_DATA_DIR=../shared/data bash scripts/study.sh [OUT=runs/study]
+#   python scripts/summarize.py runs/study/ptb_3ep --out docs/study/ptb_3ep     (with THREE_EPOCHS=1)
+# Usage: LMTRAIN_DATA_DIR=../shared/data [THREE_EPOCHS=1] bash scripts/study.sh [OUT=runs/study]
 set -euo pipefail
 out=${1:-runs/study}
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
@@ -34,7 +35,15 @@ lower_lr() {  # not part of the main tables: does a smaller step size rescue the
     study output=nce,negative ++output.bias_init=zero optim.lr=0.1,0.3 hydra.sweep.dir="$out/controls/lower_lr_zero_bias"
     study output=uniform optim.clip=null hydra.sweep.dir="$out/controls/uniform_no_clip"  # is clipping the cause?
 }
+three_epochs() {  # the m = 100 table again for 3 epochs (rff at lr 0.3: at lr 1 its LSTM saturates); about 2 hours
+    study3() { python -m lmtrain -m experiment=ptb_study_3ep progress_bar=false "$@"; }
+    study3 output=quadratic,exp hydra.sweep.dir="$out/ptb_3ep/a" > "$out.3a.log" 2>&1 &
+    { study3 output=full,uniform,unigram,nce,negative,hsm,adaptive hydra.sweep.dir="$out/ptb_3ep/b"
+      study3 output=rff optim.lr=0.3 hydra.sweep.dir="$out/ptb_3ep/c"; } > "$out.3b.log" 2>&1
+    wait
+}
 stream_a > "$out.a.log" 2>&1 &
 stream_b > "$out.b.log" 2>&1 &
 { lower_lr; controls; bias_init; } > "$out.c.log" 2>&1 &
 wait
+if [ "${THREE_EPOCHS:-0}" = 1 ]; then three_epochs; fi
