@@ -114,12 +114,16 @@ def _grad_tensors(params: Iterable[Tensor]) -> list[Tensor]:
     return tensors
 
 
-def grad_norm(params: Iterable[Tensor]) -> Tensor:
-    """Global L2 norm of all gradients; sparse gradients are coalesced first (duplicates add up)."""
-    tensors = _grad_tensors(params)
+def _total_norm(tensors: list[Tensor]) -> Tensor:
+    """L2 norm of all entries of ``tensors`` (fused foreach kernels); 0 for none."""
     if not tensors:
         return torch.zeros(())
     return torch.nn.utils.get_total_norm([t.detach() for t in tensors], foreach=True)
+
+
+def grad_norm(params: Iterable[Tensor]) -> Tensor:
+    """Global L2 norm of all gradients; sparse gradients are coalesced first (duplicates add up)."""
+    return _total_norm(_grad_tensors(params))
 
 
 def clip_grad_norm(params: Iterable[Tensor], max_norm: float) -> Tensor:
@@ -129,9 +133,9 @@ def clip_grad_norm(params: Iterable[Tensor], max_norm: float) -> Tensor:
     norm and the scaling are fused over all gradients (foreach kernels), as in torch's own clipping.
     """
     tensors = _grad_tensors(params)
+    total = _total_norm(tensors)
     if not tensors:
-        return torch.zeros(())
-    total = torch.nn.utils.get_total_norm([t.detach() for t in tensors], foreach=True)
+        return total
     scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
     torch._foreach_mul_(tensors, scale.to(tensors[0].device))  # one model: all gradients on one device
     return total

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -25,7 +27,7 @@ class FullSoftmax(OutputLayer):
         dim: int,
         init_range: float = 0.1,
         eval_chunk: int = 65536,
-        bias_init: str = "zero",
+        bias_init: Literal["zero", "log_unigram"] = "zero",
         counts: Tensor | None = None,
     ) -> None:
         super().__init__()
