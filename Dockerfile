@@ -8,7 +8,6 @@ WORKDIR /app
 RUN pip install --no-cache-dir torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 COPY pyproject.toml README.md ./
 COPY lmtrain ./lmtrain
-COPY conf ./conf
 COPY scripts ./scripts
 RUN pip install --no-cache-dir -e .
 ENV WANDB_MODE=offline

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CONF_DIR = Path(__file__).resolve().parent / "conf"  # the Hydra config tree, shipped as package data
 GROUPS = ("data", "model", "sampler", "output", "optim", "trainer", "logger", "experiment")
 _SAMPLER_DEFAULT = re.compile(r"override\s+/sampler@_global_\.sampler:\s*(\w+)")
 
@@ -17,7 +17,7 @@ class OverrideError(ValueError):
 
 
 def compose_config(overrides: list[str]) -> DictConfig:
-    """conf/train.yaml composed with ``overrides``, outside a Hydra app (scripts, diagnostics, tests)."""
+    """lmtrain/conf/train.yaml composed with ``overrides``, outside a Hydra app (scripts, diagnostics, tests)."""
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

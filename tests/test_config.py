@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from omegaconf import OmegaConf
 
 from lmtrain.overrides import CONF_DIR, GROUPS, OverrideError, check_overrides, choices
 from tests.conftest import make_config
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: pytest's own dependency
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
 
 OPTIONS = [(g, c) for g in GROUPS for c in choices(g)]
 
@@ -57,3 +66,14 @@ def test_sampler_option_on_a_strategy_without_that_option_is_refused():
         check_overrides(["output=rff", "sampler.D=1024"])  # accepted
         with pytest.raises(OverrideError, match=r"it applies to output=.*rff"):
             check_overrides(["output=uniform", "sampler.D=64"])
+
+
+def test_config_tree_ships_as_package_data():
+    """`pip install .` (non-editable) must carry the whole Hydra tree: train.yaml, every group, every file in it."""
+    package = ROOT / "lmtrain"
+    assert package / "conf" == CONF_DIR and (CONF_DIR / "train.yaml").is_file()
+    assert all(choices(group) for group in GROUPS), "every group has at least one option"
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["lmtrain"]
+    shipped = {path for pattern in patterns for path in package.glob(pattern)}  # setuptools globs like this
+    tree = {path for path in CONF_DIR.rglob("*") if path.is_file()}
+    assert sorted(p.relative_to(package) for p in tree - shipped) == []

@@ -26,8 +26,8 @@ from lmtrain.data import (
 )
 from lmtrain.data.synthetic import zipf_probs
 from lmtrain.data.text import format_line
+from lmtrain.overrides import CONF_DIR
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
 SHARED = Path(os.environ.get("LMTRAIN_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
 
@@ -229,7 +229,7 @@ def test_hydra_data_configs(tmp_path: Path) -> None:
     from hydra.utils import instantiate
 
     write_corpus(tmp_path / "folder", TRAIN * 50, VALID * 30, TEST * 30)
-    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         for choice in ("ptb", "wikitext2", "wikitext103", "synthetic", "text"):
             overrides = [f"+data={choice}", f"data.cache_dir={tmp_path / 'cache'}"]
             if choice == "text":
