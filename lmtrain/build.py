@@ -32,9 +32,11 @@ def build(cfg: DictConfig, **runtime: Any) -> Any:
     return instantiate(cfg, **accepted(cfg._target_, runtime), _convert_="all")
 
 
-def build_output(cfg: DictConfig, num_classes: int, dim: int, counts: Tensor) -> Any:
-    """The sampler (if the config has one) and then the output strategy that uses it."""
-    runtime: dict[str, Any] = {"num_classes": num_classes, "dim": dim, "counts": counts}
+def build_output(cfg: DictConfig, num_classes: int, dim: int, counts: Tensor, train_ids: Tensor | None = None) -> Any:
+    """The sampler (if the config has one) and then the output strategy that uses it. Each gets the run-time
+    values its constructor names: ``num_classes``, ``dim``, ``counts`` (training counts per class) and
+    ``train_ids`` (the training token stream, e.g. for a bigram proposal)."""
+    runtime: dict[str, Any] = {"num_classes": num_classes, "dim": dim, "counts": counts, "train_ids": train_ids}
     sampler_cfg = cfg.get("sampler")
     if sampler_cfg is not None:
         target_params = inspect.signature(get_class(cfg.output._target_).__init__).parameters

@@ -96,9 +96,9 @@ def load_model(ckpt: Path, data_overrides: list[str]) -> tuple[Any, Any]:
 
 @torch.no_grad()
 def held_out_positions(datamodule: Any, module: Any, windows: int, positions: int) -> tuple[torch.Tensor, ...]:
-    """Hidden states (P, d) and targets (P,) at ``positions`` random positions of validation windows 2..windows
-    (the state is carried from window 1, so no position starts from a zero state)."""
-    hidden, targets, state = [], [], None
+    """Hidden states (P, d), targets (P,) and input tokens (P,) at ``positions`` random positions of validation
+    windows 2..windows (the state is carried from window 1, so no position starts from a zero state)."""
+    hidden, targets, tokens, state = [], [], [], None
     for index, (inputs, target) in enumerate(datamodule.val_dataloader()):
         if index >= windows:
             break
@@ -106,11 +106,12 @@ def held_out_positions(datamodule: Any, module: Any, windows: int, positions: in
         if index > 0:
             hidden.append(out.reshape(-1, out.shape[-1]))
             targets.append(target.reshape(-1))
+            tokens.append(inputs.reshape(-1))
     if not hidden:
         raise ValueError(f"windows={windows}: need at least 2 validation windows (the first only warms the state)")
-    h, t = torch.cat(hidden), torch.cat(targets)
+    h, t, x = torch.cat(hidden), torch.cat(targets), torch.cat(tokens)
     pick = torch.randperm(h.shape[0])[:positions]
-    return h[pick], t[pick]
+    return h[pick], t[pick], x[pick]
 
 
 def as_sampled_softmax(output: Any) -> SampledSoftmax:
@@ -139,9 +140,14 @@ def diagnose(argv: list[str]) -> dict[str, Any]:
     datamodule, module = load_model(ckpt, data_overrides)
     torch.manual_seed(int(options["seed"]))
     output = as_sampled_softmax(module.output)
-    hidden, target = held_out_positions(datamodule, module, int(options["windows"]), int(options["positions"]))
+    hidden, target, inputs = held_out_positions(datamodule, module, int(options["windows"]), int(options["positions"]))
     log_p = torch.log_softmax(all_logits(output, hidden).detach(), dim=1).double()  # (P, n)
-    runtime = {"num_classes": output.num_classes, "dim": output.dim, "counts": datamodule.counts}
+    runtime = {
+        "num_classes": output.num_classes,
+        "dim": output.dim,
+        "counts": datamodule.counts,
+        "train_ids": datamodule.train_ids,
+    }
     samplers = options["sampler"].split(",")
     sizes = [int(m) for m in options["output.num_samples"].split(",")]
     rows = []
@@ -150,11 +156,11 @@ def diagnose(argv: list[str]) -> dict[str, Any]:
         output.sampler.use_scores(output.score)
         output.sampler.update(output.weight.detach())
         query = output.query(hidden).detach()
-        kl = proposal_kl(log_p, output.sampler.log_q_all(query, output.num_classes).double())  # (P,)
+        kl = proposal_kl(log_p, output.sampler.log_q_all(query, output.num_classes, inputs).double())  # (P,)
         for m in sizes:
             output.num_samples = m
             started = time.perf_counter()
-            estimate = gradient_bias(output, hidden, target, int(options["draws"]), int(options["groups"]))
+            estimate = gradient_bias(output, hidden, target, int(options["draws"]), int(options["groups"]), inputs)
             rows.append(
                 {
                     "sampler": name,

@@ -59,15 +59,17 @@ def all_logits(output: SampledSoftmax, hidden: Tensor) -> Tensor:
     return output.score(output.query(hidden), output.weight)
 
 
-def sampled_logit_gradient(output: SampledSoftmax, hidden: Tensor, target: Tensor, logits: Tensor) -> Tensor:
+def sampled_logit_gradient(
+    output: SampledSoftmax, hidden: Tensor, target: Tensor, logits: Tensor, inputs: Tensor | None = None
+) -> Tensor:
     """One draw of the sampled-softmax estimator's gradient with respect to all logits, (N, n) (zero off the
-    target and the drawn ids): ``draw`` and ``sampled_nll`` exactly as in training, with the logits of the
-    target and of the drawn ids read from ``logits``."""
+    target and the drawn ids): ``draw`` and ``sampled_nll`` exactly as in training (``inputs`` (N,): the input
+    tokens of the positions), with the logits of the target and of the drawn ids read from ``logits``."""
     o = logits.detach().requires_grad_()
-    ids, log_q, tries = output.draw(hidden)  # (m,) shared or (N, m) per example
+    ids, log_q, tries = output.draw(hidden, inputs)  # (m,) shared or (N, m) per example
     neg_logits = o[:, ids] if ids.dim() == 1 else o.gather(1, ids)  # (N, m)
     target_logit = o.gather(1, target.unsqueeze(1))  # (N, 1)
-    loss = output.sampled_nll(output.query(hidden), target, target_logit, neg_logits, ids, log_q, tries)
+    loss = output.sampled_nll(output.query(hidden), target, target_logit, neg_logits, ids, log_q, tries, inputs)
     (grad,) = torch.autograd.grad(loss.sum(), o)
     return grad
 
@@ -95,9 +97,15 @@ def _relative_bias(sums: Tensor, squares: Tensor, draws: int, exact_sq: Tensor) 
 
 @torch.no_grad()
 def gradient_bias(
-    output: SampledSoftmax, hidden: Tensor, target: Tensor, draws: int = 200, groups: int = 10
+    output: SampledSoftmax,
+    hidden: Tensor,
+    target: Tensor,
+    draws: int = 200,
+    groups: int = 10,
+    inputs: Tensor | None = None,
 ) -> BiasEstimate:
-    """Monte Carlo estimate of the relative bias of ``output``'s sampled-softmax gradient at these positions."""
+    """Monte Carlo estimate of the relative bias of ``output``'s sampled-softmax gradient at these positions
+    (``inputs`` (N,): their input tokens, for proposals conditioned on them)."""
     if draws < 2 * groups or groups < 2:
         raise ValueError(f"diagnose needs groups >= 2 and draws >= 2 * groups, got draws={draws}, groups={groups}")
     logits = all_logits(output, hidden)  # (N, n)
@@ -108,7 +116,7 @@ def gradient_bias(
     counts = [0] * groups
     for r in range(draws):
         with torch.enable_grad():
-            x = sampled_logit_gradient(output, hidden, target, logits).double() - exact
+            x = sampled_logit_gradient(output, hidden, target, logits, inputs).double() - exact
         sums[r % groups] += x
         squares[r % groups] += (x * x).sum(1)
         counts[r % groups] += 1

@@ -56,7 +56,7 @@ class LanguageModel(L.LightningModule):
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         inputs, targets = batch
-        loss = self.output.loss(self._hidden(inputs, "train"), targets.reshape(-1))
+        loss = self.output.loss(self._hidden(inputs, "train"), targets.reshape(-1), inputs=inputs.reshape(-1))
         if not torch.isfinite(loss):
             raise NonFiniteLossError(
                 f"training loss became {loss.item()} at global step {self.global_step} "

@@ -143,7 +143,7 @@ def build_model(cfg: DictConfig) -> tuple[L.LightningDataModule, LanguageModel]:
     datamodule = instantiate(cfg.data)
     datamodule.setup()
     encoder = build(cfg.model, num_classes=datamodule.num_classes)
-    output = build_output(cfg, datamodule.num_classes, encoder.output_dim, datamodule.counts)
+    output = build_output(cfg, datamodule.num_classes, encoder.output_dim, datamodule.counts, datamodule.train_ids)
     module = LanguageModel(encoder, output, OmegaConf.to_container(cfg.optim, resolve=True), cfg.loss_reduction)
     module.signature = {
         "num_classes": datamodule.num_classes,

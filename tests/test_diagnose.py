@@ -82,12 +82,14 @@ def test_diagnose_command_writes_table_json_and_plot(tiny_config, tmp_path, caps
     run = tmp_path / "run"
     train(tiny_config("output=full", "trainer.max_steps=20", "test_after_fit=false", run_dir=run))
     out = tmp_path / "diag"
-    args = [f"ckpt_path={run}", "sampler=uniform,rff", "output.num_samples=2,8", "sampler.D=64"]
+    args = [f"ckpt_path={run}", "sampler=uniform,bigram,rff", "output.num_samples=2,8", "sampler.D=64"]
     assert diagnose_main([*args, "draws=20", "groups=4", "positions=16", "windows=3", f"out={out}"]) == 0
     report = json.loads((out / "diagnose.json").read_text())
     assert [(r["sampler"], r["num_samples"]) for r in report["rows"]] == [
         ("uniform", 2),
         ("uniform", 8),
+        ("bigram", 2),  # conditioned on the held-out positions' input tokens
+        ("bigram", 8),
         ("rff", 2),
         ("rff", 8),
     ]

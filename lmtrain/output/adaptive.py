@@ -82,7 +82,7 @@ class AdaptiveSoftmax(OutputLayer):
     def log_prob(self, hidden: Tensor, target: Tensor) -> Tensor:
         return self.asm(hidden, target).output  # (N,) exact log p(target | hidden)
 
-    def loss(self, hidden: Tensor, target: Tensor) -> Tensor:
+    def loss(self, hidden: Tensor, target: Tensor, inputs: Tensor | None = None) -> Tensor:
         return self.asm(hidden, target).loss
 
     def full_log_prob(self, hidden: Tensor) -> Tensor:

@@ -11,14 +11,15 @@ class OutputLayer(nn.Module):
 
     ``loss`` is the (possibly surrogate) objective minimised in training; ``log_prob`` is always the
     exact, normalized log-probability used for perplexity. Subclasses that keep derived state
-    (a sampler tree) refresh it in ``after_optimizer_step``.
+    (a sampler tree) refresh it in ``after_optimizer_step``. ``loss`` also receives the input token at each
+    position (the previous word), which the sampled strategies hand to a proposal conditioned on it.
     """
 
     num_classes: int
     loss_is_nll: bool = False  # True when `loss` is the exact mean -log p: then exp(loss) is a perplexity
 
-    def loss(self, hidden: Tensor, target: Tensor) -> Tensor:
-        """(N, d), (N,) -> scalar mean training objective."""
+    def loss(self, hidden: Tensor, target: Tensor, inputs: Tensor | None = None) -> Tensor:
+        """(N, d), (N,) -> scalar mean training objective; ``inputs`` (N,) the input tokens (None: not known)."""
         raise NotImplementedError
 
     def log_prob(self, hidden: Tensor, target: Tensor) -> Tensor:

@@ -41,7 +41,7 @@ class FullSoftmax(OutputLayer):
         """(N, d) -> (N, n)."""
         return F.linear(hidden, self.weight, self.bias)
 
-    def loss(self, hidden: Tensor, target: Tensor) -> Tensor:
+    def loss(self, hidden: Tensor, target: Tensor, inputs: Tensor | None = None) -> Tensor:
         return F.cross_entropy(self.logits(hidden), target)
 
     def log_prob(self, hidden: Tensor, target: Tensor) -> Tensor:

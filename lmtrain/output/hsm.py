@@ -114,5 +114,5 @@ class HierarchicalSoftmax(OutputLayer):
             return self._two_level_log_prob(query, target)
         return self._tree_log_prob(query, target)
 
-    def loss(self, hidden: Tensor, target: Tensor) -> Tensor:
+    def loss(self, hidden: Tensor, target: Tensor, inputs: Tensor | None = None) -> Tensor:
         return -self.log_prob(hidden, target).mean()

@@ -44,9 +44,9 @@ class NCE(NegativeSampling):
         target_score: Tensor,
         noise_log_q: Tensor,
         noise_score: Tensor,
+        inputs: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
-        context = query.detach() if self.sampler.per_example else None
-        log_q_target = self.sampler.log_q(context, target.unsqueeze(1))  # (N, 1)
+        log_q_target = self.target_log_q(query, target, inputs)  # (N, 1)
         shift = math.log(self.num_samples) + self.log_z_value()  # ln k + ln Z
         return target_score - log_q_target - shift, noise_score - noise_log_q - shift  # Δ_t, Δ_{s_j}
 

@@ -55,14 +55,16 @@ class NegativeSampling(SampledSoftmax):
         target_score: Tensor,
         noise_log_q: Tensor,
         noise_score: Tensor,
+        inputs: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """Logits of "data, not noise" for the target (N, 1) and the noise draws (N, m): the raw scores here."""
+        """Logits of "data, not noise" for the target (N, 1) and the noise draws (N, m): the raw scores here.
+        ``inputs`` (N,) are the input tokens, for a noise conditioned on them."""
         return target_score, noise_score
 
-    def loss(self, hidden: Tensor, target: Tensor) -> Tensor:
-        ids, log_q, _ = self.draw(hidden)
+    def loss(self, hidden: Tensor, target: Tensor, inputs: Tensor | None = None) -> Tensor:
+        ids, log_q, _ = self.draw(hidden, inputs)
         query = self.query(hidden)  # (N, d')
         target_score = self.query_scores(query, target.unsqueeze(1))  # (N, 1)
         noise_score = self.query_scores(query, ids)  # (N, m)
-        target_logit, noise_logit = self.classifier_logits(query, target, target_score, log_q, noise_score)
+        target_logit, noise_logit = self.classifier_logits(query, target, target_score, log_q, noise_score, inputs)
         return (F.softplus(-target_logit).sum(1) + F.softplus(noise_logit).sum(1)).mean()

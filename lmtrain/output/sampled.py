@@ -18,7 +18,8 @@ class SampledSoftmax(OutputLayer):
     """Softmax trained on the target plus ``num_samples`` negatives drawn from ``sampler``.
 
     Context-free samplers share one set of negatives across the batch (one dense (N, d') x (d', m)
-    product); ``shared_negatives=false`` draws N x m of them instead (per example). ``unique`` draws
+    product); ``shared_negatives=false`` draws N x m of them instead (per example). Per-example samplers
+    draw m per position from their context: the query vector and the input tokens ``loss`` receives. ``unique`` draws
     distinct negatives and corrects with expected counts; ``correction`` picks the exact DESIGN §3
     estimator or the classic ln(m q) one; ``remove_accidental_hits`` masks negatives equal to the target.
     ``bias_init="log_unigram"`` starts the biases at the log of the smoothed training unigram (``counts``),
@@ -119,12 +120,13 @@ class SampledSoftmax(OutputLayer):
         return target_score - self.log_normalizer(hidden)
 
     # --- training -------------------------------------------------------------------------------
-    def draw(self, hidden: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Negatives: ids (m,) or (N, m), their log q, and for unique draws the number of tries."""
+    def draw(self, hidden: Tensor, inputs: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Negatives: ids (m,) or (N, m), their log q, and for unique draws the number of tries; a per-example
+        sampler gets the query vectors and the input tokens ``inputs`` (N,)."""
         if self.unique:
             return draw_unique(self.sampler, self.num_samples)
         if self.sampler.per_example:
-            ids, log_q = self.sampler.sample(self.query(hidden).detach(), self.num_samples)
+            ids, log_q = self.sampler.sample(self.query(hidden).detach(), self.num_samples, inputs=inputs)
             return ids, log_q, None
         if self.shared_negatives:
             ids, log_q = self.sampler.sample(None, self.num_samples)
@@ -132,12 +134,17 @@ class SampledSoftmax(OutputLayer):
         ids, log_q = self.sampler.sample(None, hidden.shape[0] * self.num_samples)  # (N * m,)
         return ids.view(hidden.shape[0], -1), log_q.view(hidden.shape[0], -1), None  # (N, m) each
 
-    def loss(self, hidden: Tensor, target: Tensor) -> Tensor:
-        ids, log_q, tries = self.draw(hidden)
+    def loss(self, hidden: Tensor, target: Tensor, inputs: Tensor | None = None) -> Tensor:
+        ids, log_q, tries = self.draw(hidden, inputs)
         query = self.query(hidden)  # (N, d')
         target_logit = self.query_scores(query, target.unsqueeze(1))  # (N, 1)
         neg_logits = self.query_scores(query, ids)  # (N, m)
-        return self.sampled_nll(query, target, target_logit, neg_logits, ids, log_q, tries).mean()
+        return self.sampled_nll(query, target, target_logit, neg_logits, ids, log_q, tries, inputs).mean()
+
+    def target_log_q(self, query: Tensor, target: Tensor, inputs: Tensor | None = None) -> Tensor:
+        """log q of each position's target (N, 1) under the proposal of that position (query (N, d'), inputs (N,))."""
+        context = query.detach() if self.sampler.per_example else None
+        return self.sampler.log_q(context, target.unsqueeze(1), inputs=inputs)  # (N, 1)
 
     def sampled_nll(
         self,
@@ -148,10 +155,11 @@ class SampledSoftmax(OutputLayer):
         ids: Tensor,
         log_q: Tensor,
         tries: Tensor | None,
+        inputs: Tensor | None = None,
     ) -> Tensor:
         """The per-position sampled-softmax loss (N,) from the logits of the targets (N, 1) and of the drawn
-        ids (N, m) (``draw``'s ids, log q and tries): the estimator that training minimises and that
-        ``lmtrain.diagnose`` differentiates with respect to the logits."""
+        ids (N, m) (``draw``'s ids, log q and tries; ``inputs`` as given to ``draw``): the estimator that training
+        minimises and that ``lmtrain.diagnose`` differentiates with respect to the logits."""
         hits = ids.unsqueeze(0) == target.unsqueeze(1) if ids.dim() == 1 else ids == target.unsqueeze(1)
         log_q = log_q.expand_as(neg_logits)  # (N, m)
         if tries is not None:  # without replacement: expected counts E_j = 1 - (1 - q_j)^tries
@@ -164,8 +172,7 @@ class SampledSoftmax(OutputLayer):
             if self.remove_accidental_hits:
                 neg_logits = neg_logits.masked_fill(hits, float("-inf"))
         else:
-            context = query.detach() if self.sampler.per_example else None
-            log_q_target = self.sampler.log_q(context, target.unsqueeze(1)).reshape(-1)  # (N,)
+            log_q_target = self.target_log_q(query, target, inputs).reshape(-1)  # (N,)
             if self.remove_accidental_hits:
                 kept = (self.num_samples - hits.sum(1)).clamp(min=1)  # (N,) k_t
                 # the proposal with the target removed has q_j / (1 - q_t)

@@ -1,12 +1,14 @@
 """Proposal distributions behind ``Sampler`` (DESIGN §2)."""
 
 from lmtrain.sampler.base import Sampler
+from lmtrain.sampler.bigram import BigramSampler
 from lmtrain.sampler.kernel import KernelSampler, QuadraticSampler, RFFSampler
 from lmtrain.sampler.softmax import SoftmaxSampler
 from lmtrain.sampler.uniform import UniformSampler
 from lmtrain.sampler.unigram import UnigramSampler
 
 __all__ = [
+    "BigramSampler",
     "KernelSampler",
     "QuadraticSampler",
     "RFFSampler",

@@ -11,21 +11,24 @@ from torch import Tensor, nn
 class Sampler(nn.Module):
     """A proposal q over the classes, used for negatives by sampled softmax, NCE and negative sampling.
 
-    Context-free samplers (``per_example = False``) ignore ``hidden`` and return shared ids of shape (m,);
-    context-dependent samplers (``per_example = True``) return ids of shape (N, m); for them ``hidden``
-    is the output layer's query vector (N, d'), e.g. [h, 1], whose dot product with a ``weight`` row
-    (the vectors given to ``update``) is the logit. ``log_q`` is the exact
-    log-probability with which each returned id was drawn.
+    Context-free samplers (``per_example = False``) ignore ``hidden`` and ``inputs`` and return shared ids of
+    shape (m,); context-dependent samplers (``per_example = True``) return ids of shape (N, m), one row per
+    position. Their context is ``hidden``, the output layer's query vector (N, d'), e.g. [h, 1], whose dot
+    product with a ``weight`` row (the vectors given to ``update``) is the logit, and ``inputs`` (N,), the
+    input token at each position (for a language model the previous word: the token the LSTM read there).
+    A sampler uses what it needs and ignores the rest; one that needs ``inputs`` and gets None raises
+    ValueError. ``log_q`` is the exact log-probability with which each returned id was drawn.
     """
 
     per_example: bool = False
 
-    def sample(self, hidden: Tensor | None, num_samples: int) -> tuple[Tensor, Tensor]:
+    def sample(self, hidden: Tensor | None, num_samples: int, inputs: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Draw ``num_samples`` ids (with replacement); return (ids, log_q) of equal shape."""
         raise NotImplementedError
 
-    def log_q(self, hidden: Tensor | None, ids: Tensor) -> Tensor:
-        """Exact log q of any ids: (k,) for context-free samplers, (N, k) with hidden (N, d) otherwise."""
+    def log_q(self, hidden: Tensor | None, ids: Tensor, inputs: Tensor | None = None) -> Tensor:
+        """Exact log q of any ids: (k,) for context-free samplers, (N, k) with hidden (N, d') and/or inputs (N,)
+        otherwise."""
         raise NotImplementedError
 
     def update(self, weight: Tensor, rows: Tensor | None = None) -> None:
@@ -35,9 +38,10 @@ class Sampler(nn.Module):
         """Receive the output layer's logit function, query (N, d') and rows (k, d') -> (N, k). Samplers whose
         proposal is the model's own softmax keep it; the others ignore it (the default)."""
 
-    def log_q_all(self, hidden: Tensor, num_classes: int) -> Tensor:
-        """log q of every class for each query (N, d') -> (N, n), for diagnostics (KL(p || q)); O(N n) memory."""
+    def log_q_all(self, hidden: Tensor, num_classes: int, inputs: Tensor | None = None) -> Tensor:
+        """log q of every class for each query (N, d') and input token (N,) -> (N, n), for diagnostics
+        (KL(p || q)); O(N n) memory."""
         ids = torch.arange(num_classes, device=hidden.device)
         if not self.per_example:
             return self.log_q(None, ids).expand(hidden.shape[0], -1)
-        return self.log_q(hidden, ids.expand(hidden.shape[0], -1))
+        return self.log_q(hidden, ids.expand(hidden.shape[0], -1), inputs=inputs)

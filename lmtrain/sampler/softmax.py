@@ -38,10 +38,10 @@ class SoftmaxSampler(Sampler):
             raise ValueError("SoftmaxSampler needs the query vectors and the weights (call update(weight) first)")
         return torch.log_softmax(self._score(hidden.detach(), self._weight), dim=1)  # (N, n)
 
-    def sample(self, hidden: Tensor | None, num_samples: int) -> tuple[Tensor, Tensor]:
+    def sample(self, hidden: Tensor | None, num_samples: int, inputs: Tensor | None = None) -> tuple[Tensor, Tensor]:
         log_p = self._log_softmax(hidden)  # (N, n)
         ids = torch.multinomial(log_p.exp(), num_samples, replacement=True)  # (N, m)
         return ids, log_p.gather(1, ids)
 
-    def log_q(self, hidden: Tensor | None, ids: Tensor) -> Tensor:
+    def log_q(self, hidden: Tensor | None, ids: Tensor, inputs: Tensor | None = None) -> Tensor:
         return self._log_softmax(hidden).gather(1, ids)  # (N, k)

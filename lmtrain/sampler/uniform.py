@@ -22,9 +22,9 @@ class UniformSampler(Sampler):
         self.num_classes = num_classes
         self.register_buffer("_anchor", torch.zeros(()), persistent=False)  # follows the module's device/dtype
 
-    def sample(self, hidden: Tensor | None, num_samples: int) -> tuple[Tensor, Tensor]:
+    def sample(self, hidden: Tensor | None, num_samples: int, inputs: Tensor | None = None) -> tuple[Tensor, Tensor]:
         ids = torch.randint(self.num_classes, (num_samples,), device=self._anchor.device)  # (m,)
         return ids, self.log_q(None, ids)
 
-    def log_q(self, hidden: Tensor | None, ids: Tensor) -> Tensor:
+    def log_q(self, hidden: Tensor | None, ids: Tensor, inputs: Tensor | None = None) -> Tensor:
         return torch.full(ids.shape, -math.log(self.num_classes), dtype=self._anchor.dtype, device=ids.device)

@@ -62,14 +62,14 @@ class UnigramSampler(Sampler):
             raise ValueError(f"counts must be >= 0 and sampler.smoothing > 0 (got {smoothing}) so every q_i > 0")
         return counts.detach().cpu().to(torch.float64) + smoothing
 
-    def sample(self, hidden: Tensor | None, num_samples: int) -> tuple[Tensor, Tensor]:
+    def sample(self, hidden: Tensor | None, num_samples: int, inputs: Tensor | None = None) -> tuple[Tensor, Tensor]:
         device = self.threshold.device
         bucket = torch.randint(self.num_classes, (num_samples,), device=device)  # (m,)
         coin = torch.randint(1 << _SCALE_BITS, (num_samples,), device=device)  # (m,) uniform integer
         ids = torch.where(coin < self.threshold[bucket], bucket, self.alias[bucket])  # (m,)
         return ids, self.log_probs[ids]
 
-    def log_q(self, hidden: Tensor | None, ids: Tensor) -> Tensor:
+    def log_q(self, hidden: Tensor | None, ids: Tensor, inputs: Tensor | None = None) -> Tensor:
         return self.log_probs[ids]
 
 

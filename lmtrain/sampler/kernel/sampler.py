@@ -35,18 +35,18 @@ class KernelSampler(Sampler):
     def features(self) -> FeatureMap:
         return self.tree.features
 
-    def sample(self, hidden: Tensor | None, num_samples: int) -> tuple[Tensor, Tensor]:
+    def sample(self, hidden: Tensor | None, num_samples: int, inputs: Tensor | None = None) -> tuple[Tensor, Tensor]:
         if hidden is None:
             raise ValueError("a kernel sampler draws per example: pass the query vectors as `hidden`")
         self._drawn_since_rebuild = True
         return self.tree.sample(hidden, num_samples)
 
-    def log_q(self, hidden: Tensor | None, ids: Tensor) -> Tensor:
+    def log_q(self, hidden: Tensor | None, ids: Tensor, inputs: Tensor | None = None) -> Tensor:
         if hidden is None:
             raise ValueError("a kernel sampler's log_q depends on the query: pass it as `hidden`")
         return self.tree.log_q(hidden, ids)
 
-    def log_q_all(self, hidden: Tensor, num_classes: int) -> Tensor:
+    def log_q_all(self, hidden: Tensor, num_classes: int, inputs: Tensor | None = None) -> Tensor:
         return self.tree.log_q_all(hidden)
 
     def update(self, weight: Tensor, rows: Tensor | None = None) -> None:

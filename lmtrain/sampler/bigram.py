@@ -1,0 +1,100 @@
+"""Bigram proposal q(j | previous token) from the training stream, mixed with the unigram (per example)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from lmtrain.sampler.base import Sampler
+from lmtrain.sampler.unigram import UnigramSampler
+
+_OFFSET_BITS = 62  # successor offsets are uniform 62-bit integers modulo the row count: bias < count / 2^62
+
+
+class BigramSampler(Sampler):
+    """q(j | p) = (1 - w) c(p, j) / c(p) + w u(j), where p is the position's input token (the previous word).
+
+    c(p, j) counts the bigram "p j" in the training stream ``train_ids``, c(p) = sum_j c(p, j), and u is the
+    add-``smoothing`` unigram of the training tokens (drawn and scored exactly as ``UnigramSampler``), so every
+    class keeps q > 0. w = ``unigram_weight``; a token with no successor in training uses u alone.
+
+    Draws are O(1) each and exact: a Bernoulli(1 - w) coin picks the component; the bigram component is a
+    uniformly random training occurrence of p, read from the successors of all positions sorted by their
+    previous token (a CSR array: row p is ``successors[start[p] : start[p] + count[p]]``, so occurrence k is
+    drawn with probability c(p, j) / c(p)); the unigram component is an alias-table draw. ``log_q`` of any ids
+    finds c(p, j) by binary search in the sorted distinct bigram keys p * n + j (int64, so n up to 10^6 and
+    beyond). All tables are O(training tokens), rebuilt from ``train_ids`` at construction (non-persistent
+    buffers: never in checkpoints) and follow the module's device.
+    """
+
+    per_example = True
+
+    def __init__(
+        self,
+        num_classes: int,
+        train_ids: Tensor | None = None,
+        unigram_weight: float = 0.25,
+        smoothing: float = 1.0,
+    ) -> None:
+        super().__init__()
+        if train_ids is None:
+            raise ValueError("sampler=bigram needs the training token ids (train_ids) to count bigrams")
+        if not 0.0 < unigram_weight <= 1.0:
+            raise ValueError(f"sampler.unigram_weight must be in (0, 1] so that every q > 0, got {unigram_weight}")
+        if not 2 <= num_classes < 2**31:
+            raise ValueError(f"BigramSampler needs 2 <= num_classes < 2^31, got {num_classes}")
+        ids = train_ids.detach().reshape(-1).cpu().long()  # (T,)
+        if ids.numel() < 2 or int(ids.min()) < 0 or int(ids.max()) >= num_classes:
+            raise ValueError(f"train_ids must hold at least 2 ids in [0, {num_classes}), got {ids.numel()} tokens")
+        self.num_classes, self.unigram_weight = num_classes, float(unigram_weight)
+        self.unigram = UnigramSampler(num_classes, torch.bincount(ids, minlength=num_classes), smoothing=smoothing)
+        keys = (ids[:-1] * num_classes + ids[1:]).sort().values  # (T - 1,) p * n + j, grouped by p
+        count = torch.bincount(ids[:-1], minlength=num_classes)  # (n,) c(p)
+        pairs, pair_count = torch.unique_consecutive(keys, return_counts=True)  # (B,) distinct bigrams, c(p, j)
+        share = torch.where(count > 0, self.unigram_weight, 1.0).double()  # (n,) the unigram's share of q(. | p)
+        pair_q = (1 - share[pairs // num_classes]) * pair_count / count[pairs // num_classes]  # (B,) bigram term
+        self.register_buffer("successors", (keys % num_classes).to(torch.int32), persistent=False)  # (T - 1,)
+        self.register_buffer("start", count.cumsum(0) - count, persistent=False)  # (n,) row offsets
+        self.register_buffer("count", count, persistent=False)  # (n,) int64 c(p)
+        self.register_buffer("pairs", pairs, persistent=False)  # (B,) sorted int64 keys p * n + j
+        self.register_buffer("pair_q", pair_q, persistent=False)  # (B,) float64 (1 - w) c(p, j) / c(p)
+        self.register_buffer("share", share, persistent=False)  # (n,) float64
+        self.register_buffer("unigram_q", self.unigram.log_probs.double().exp(), persistent=False)  # (n,) u(j)
+
+    def _previous(self, hidden: Tensor | None, inputs: Tensor | None) -> Tensor:
+        if inputs is None:
+            raise ValueError(
+                "BigramSampler conditions on each position's input token: pass `inputs` (N,) "
+                "(OutputLayer.loss(hidden, target, inputs=...))"
+            )
+        if hidden is not None and hidden.shape[0] != inputs.numel():
+            raise ValueError(f"inputs has {inputs.numel()} tokens but hidden has {hidden.shape[0]} positions")
+        return inputs.reshape(-1).to(self.count.device, torch.long)  # (N,)
+
+    def sample(self, hidden: Tensor | None, num_samples: int, inputs: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        prev = self._previous(hidden, inputs)  # (N,)
+        shape = (prev.numel(), num_samples)
+        device = self.count.device
+        count = self.count[prev].unsqueeze(1)  # (N, 1) c(p)
+        offset = torch.randint(1 << _OFFSET_BITS, shape, device=device) % count.clamp(min=1)  # (N, m) in [0, c(p))
+        row = (self.start[prev].unsqueeze(1) + offset).clamp(max=self.successors.numel() - 1)  # (N, m); c(p) = 0: any
+        from_bigram = self.successors[row].long()  # (N, m)
+        from_unigram, _ = self.unigram.sample(None, prev.numel() * num_samples)  # (N * m,)
+        use_bigram = (torch.rand(shape, device=device, dtype=torch.float64) >= self.unigram_weight) & (count > 0)
+        ids = torch.where(use_bigram, from_bigram, from_unigram.view(shape))  # (N, m)
+        return ids, self._log_q(prev, ids)
+
+    def log_q(self, hidden: Tensor | None, ids: Tensor, inputs: Tensor | None = None) -> Tensor:
+        """log q(ids | inputs): ids (N, k), or (k,) for the same ids at every position -> (N, k)."""
+        return self._log_q(self._previous(hidden, inputs), ids)
+
+    def _log_q(self, prev: Tensor, ids: Tensor) -> Tensor:
+        keys = prev.unsqueeze(1) * self.num_classes + ids  # (N, k) p * n + j
+        flat = keys.reshape(-1)  # (N * k,) a flat search is faster than a batched one
+        found = torch.searchsorted(self.pairs, flat).clamp_(max=self.pairs.numel() - 1)  # (N * k,)
+        bigram = torch.where(self.pairs[found] == flat, self.pair_q[found], 0.0).view_as(keys)  # (N, k)
+        q = bigram + self.share[prev].unsqueeze(1) * self.unigram_q[ids]  # (N, k) float64
+        return q.log().to(self.unigram.log_probs.dtype)
+
+    def extra_repr(self) -> str:
+        return f"num_classes={self.num_classes}, unigram_weight={self.unigram_weight}, bigrams={self.pairs.numel()}"
