@@ -58,14 +58,31 @@ def test_absolute_softmax_scores_and_normalizes():
     torch.testing.assert_close(log_p, torch.log_softmax(logits, 1), rtol=1e-5, atol=1e-5)
 
 
-def test_cosine_softmax_scores_and_normalizes():
+@pytest.mark.parametrize("norm_eps", [0.0, 1.0])
+def test_cosine_softmax_scores_and_normalizes(norm_eps):
     torch.manual_seed(1)
-    output = CosineSampledSoftmax(40, 5, RFFSampler(D=32, seed=0), num_samples=8, tau=7.0, eval_chunk=16)
+    output = CosineSampledSoftmax(
+        40, 5, RFFSampler(D=32, seed=0), num_samples=8, tau=7.0, norm_eps=norm_eps, eval_chunk=16
+    )
     assert output.weight.shape == (40, 5)  # bias=False
     hidden = torch.randn(3, 5)
-    cos = torch.nn.functional.normalize(hidden, dim=1) @ torch.nn.functional.normalize(output.weight, dim=1).T
+    unit = hidden / (hidden.square().sum(1, keepdim=True) + norm_eps**2).sqrt()  # exact h / |h| when eps = 0
+    cos = unit @ torch.nn.functional.normalize(output.weight, dim=1).T
     log_p = torch.stack([output.log_prob(hidden, torch.full((3,), i)) for i in range(40)], 1)
     torch.testing.assert_close(log_p, torch.log_softmax(7.0 * cos, 1), rtol=1e-5, atol=1e-5)
+
+
+def test_soft_normalization_bounds_the_hidden_gradient():
+    """With norm_eps the gradient into a small hidden state stays below tau / eps; exact normalization's does not."""
+    torch.manual_seed(3)
+    grads = {}
+    for eps in (0.0, 1.0):
+        output = CosineSampledSoftmax(30, 8, RFFSampler(D=16, seed=0), num_samples=5, tau=10.0, norm_eps=eps)
+        hidden = (0.01 * torch.randn(4, 8)).requires_grad_()  # |h| ~ 0.03, as a small LSTM output
+        output.log_prob(hidden, torch.arange(4)).sum().backward()
+        grads[eps] = hidden.grad.norm(dim=1).max().item()
+    assert grads[1.0] <= 2 * 10.0 / 1.0  # |d log p / d unit| <= 2, times at most tau / eps
+    assert grads[0.0] > 10 * grads[1.0]
 
 
 @pytest.mark.parametrize("kind", ["quadratic", "rff"])

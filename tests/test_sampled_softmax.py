@@ -223,3 +223,19 @@ def test_softmax_proposal_is_the_models_own_softmax_for_every_logit_kind(layer_c
         torch.testing.assert_close(layer.loss(hidden, target), exact)
     log_p = torch.log_softmax(layer.score(layer.query(hidden), layer.weight), 1)
     torch.testing.assert_close(layer.sampler.log_q_all(layer.query(hidden), N_CLASSES), log_p)
+
+
+def test_repeated_per_example_ids_score_as_one_dense_product():
+    """Per-example ids over few distinct classes take the dense path; values and row gradients match a plain gather."""
+    torch.manual_seed(5)
+    output = SampledSoftmax(12, 4, UniformSampler(12), num_samples=30)
+    query = output.query(torch.randn(6, 4))
+    ids = torch.randint(12, (6, 30))  # 180 draws over at most 12 classes: the dense path
+    upstream = torch.randn(6, 30)
+    dense = output.query_scores(query, ids)
+    (dense * upstream).sum().backward()
+    assert output.weight.grad.is_sparse
+    plain = (query.unsqueeze(1) * output.weight[ids]).sum(2)  # (6, 30) by an explicit gather
+    torch.testing.assert_close(dense, plain)
+    expected = torch.autograd.grad((plain * upstream).sum(), output.weight)[0]
+    torch.testing.assert_close(output.weight.grad.to_dense(), expected)

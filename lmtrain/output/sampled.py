@@ -13,6 +13,10 @@ from lmtrain.output.exact import chunked_logsumexp
 from lmtrain.output.rows import gather_rows
 from lmtrain.sampler.base import Sampler
 
+# per-example scoring: one dense product with the distinct rows when they number at most this many times m
+# (measured with scripts/bench_output.py --per-example; see docs/strategies.md)
+DENSE_RATIO = 20
+
 
 class SampledSoftmax(OutputLayer):
     """Softmax trained on the target plus ``num_samples`` negatives drawn from ``sampler``.
@@ -106,7 +110,17 @@ class SampledSoftmax(OutputLayer):
         return self.query_scores(self.query(hidden), ids)
 
     def query_scores(self, query: Tensor, ids: Tensor) -> Tensor:
-        """``class_scores`` for precomputed query vectors (N, d'), so a loss builds them once."""
+        """``class_scores`` for precomputed query vectors (N, d'), so a loss builds them once.
+
+        Per-example ids (N, m) that repeat a lot (N m draws over few distinct classes, as on a small vocabulary)
+        are scored as one dense product with their u distinct rows, (N, d') x (d', u), then picked per position:
+        N u d' multiply-adds in a matrix product cost less than gathering N m rows once u <= ``DENSE_RATIO`` m.
+        """
+        if ids.dim() == 2 and ids.shape[1] > 1:
+            distinct, inverse = torch.unique(ids, return_inverse=True)  # (u,), (N, m)
+            if distinct.numel() <= DENSE_RATIO * ids.shape[1]:
+                scores = self.score(query, gather_rows(self.weight, distinct, self.sparse))  # (N, u)
+                return scores.gather(1, inverse)  # (N, m)
         return self.score(query, gather_rows(self.weight, ids, self.sparse))
 
     # --- exact evaluation ---------------------------------------------------------------------
