@@ -34,13 +34,17 @@ from lmtrain.results import read_metrics
 from lmtrain.run import train
 
 
-def lmtrain_round(output: str, args: argparse.Namespace, workdir: Path, index: int) -> float:
-    run_dir = workdir / f"{output}-{index}"
+def lmtrain_round(entry: str, args: argparse.Namespace, workdir: Path, index: int) -> float:
+    """One timed round of ``entry``: an output strategy, optionally with its own overrides after colons
+    (``uniform:++output.shared_negatives=false:++output.num_samples=1000``)."""
+    output, *own = entry.split(":")
+    run_dir = workdir / f"{len(list(workdir.iterdir()))}-{index}"
     cfg = compose_config(
         [
             f"experiment={args.experiment}",
             f"output={output}",
             *args.override,
+            *own,
             f"trainer.max_steps={args.steps}",
             "+trainer.limit_val_batches=0",
             f"trainer.log_every_n_steps={args.interval}",
@@ -89,7 +93,12 @@ def plain_round(args: argparse.Namespace) -> float:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--outputs", default="full,uniform,unigram,nce,negative,hsm,adaptive,quadratic,rff")
+    parser.add_argument(
+        "--outputs",
+        default="full,uniform,unigram,nce,negative,hsm,adaptive,quadratic,rff",
+        help="comma list of strategies; an entry may add its own overrides after colons, e.g. "
+        "uniform:++output.shared_negatives=false",
+    )
     parser.add_argument("--experiment", default="zaremba_small")
     parser.add_argument("--override", action="append", default=[], help="extra Hydra override (repeatable)")
     parser.add_argument("--steps", type=int, default=150)
