@@ -113,7 +113,10 @@ def score(argv: list[str]) -> Score:
     per_line = torch.zeros(len(unknown), dtype=torch.float64).index_add_(0, line_of, log_p)
     tokens = torch.bincount(line_of, minlength=len(unknown))
     out = Path(options["out"]).expanduser() if options["out"] else default_out(trained.run_dir, file)
-    write_rows(out, tokens, unknown, per_line)
+    try:
+        write_rows(out, tokens, unknown, per_line)
+    except OSError as err:
+        raise ValueError(f"cannot write the per-line CSV {out} ({err.strerror}); pass out=A/WRITABLE/PATH.csv") from err
     return Score(file, len(unknown), int(tokens.sum()), sum(unknown), float(log_p.sum()), out)
 
 
