@@ -46,3 +46,9 @@ def build_output(cfg: DictConfig, num_classes: int, dim: int, counts: Tensor, tr
             )
         runtime["sampler"] = build(sampler_cfg, **runtime)
     return build(cfg.output, **runtime)
+
+
+def needs_train_ids(cfg: DictConfig) -> bool:
+    """Whether the output strategy or its sampler is built from the training token stream (``train_ids``)."""
+    parts = [part for part in (cfg.output, cfg.get("sampler")) if part is not None]
+    return any(accepted(part._target_, {"train_ids": None}) for part in parts)

@@ -20,15 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
 
 from lmtrain.build import build
-from lmtrain.checkpoints import CheckpointError, read_checkpoint
 from lmtrain.diagnostics import all_logits, gradient_bias, hidden_spread, proposal_kl
 from lmtrain.errors import fail
 from lmtrain.output import FullSoftmax, SampledSoftmax
 from lmtrain.overrides import choices, compose_config
 from lmtrain.sampler import UniformSampler
+from lmtrain.trained import load_model, parse_options, resolve_checkpoint
 
 DEFAULTS: dict[str, str] = {
     "ckpt_path": "",
@@ -45,53 +44,11 @@ DEFAULTS: dict[str, str] = {
 
 def parse_args(argv: list[str]) -> tuple[dict[str, str], list[str], list[str]]:
     """key=value arguments -> (options, sampler.* overrides, data.* overrides); unknown keys are errors."""
-    options, sampler_overrides, data_overrides = dict(DEFAULTS), [], []
-    for arg in argv:
-        key, sep, value = arg.partition("=")
-        if not sep:
-            raise ValueError(f"arguments are key=value, got {arg!r}; keys: {', '.join(DEFAULTS)}, sampler.*, data.*")
-        if key.startswith("sampler."):
-            sampler_overrides.append(arg)
-        elif key.startswith("data."):
-            data_overrides.append(arg)
-        elif key in DEFAULTS:
-            options[key] = value
-        else:
-            raise ValueError(f"unknown argument {key!r}; keys: {', '.join(DEFAULTS)}, sampler.KEY, data.KEY")
-    if not options["ckpt_path"]:
-        raise ValueError("pass ckpt_path=PATH/TO/checkpoint.ckpt (or a run folder)")
+    options, overrides = parse_options(argv, DEFAULTS, ("sampler.", "data."))
     unknown = [s for s in options["sampler"].split(",") if s not in choices("sampler")]
     if unknown:
         raise ValueError(f"unknown sampler {unknown[0]!r}; choose from {', '.join(choices('sampler'))}")
-    return options, sampler_overrides, data_overrides
-
-
-def resolve_checkpoint(path: Path) -> Path:
-    """A .ckpt file, or a run folder: its best checkpoint, else last.ckpt."""
-    if path.is_dir():
-        found = sorted((path / "checkpoints").glob("best-*.ckpt")) or sorted((path / "checkpoints").glob("last.ckpt"))
-        if not found:
-            raise CheckpointError(f"ckpt_path {path} is a folder without checkpoints/best-*.ckpt or last.ckpt")
-        return found[-1]
-    return path
-
-
-def load_model(ckpt: Path, data_overrides: list[str]) -> tuple[Any, Any]:
-    """The run's data module and model (from RUN/config.yaml next to checkpoints/) with the checkpoint's weights."""
-    from lmtrain.run import build_model
-
-    saved = read_checkpoint(ckpt)
-    config = ckpt.parent.parent / "config.yaml"
-    if not config.is_file():
-        raise CheckpointError(f"no config.yaml in {config.parent}: diagnose reads the run's config beside checkpoints/")
-    cfg = OmegaConf.merge(OmegaConf.load(config), OmegaConf.from_dotlist(data_overrides))
-    datamodule, module = build_model(cfg)
-    try:
-        module.load_state_dict(saved["state_dict"])
-    except RuntimeError as exc:
-        reason = str(exc).splitlines()[0]
-        raise CheckpointError(f"ckpt_path {ckpt} does not fit the model of {config} ({reason})") from exc
-    return datamodule, module.eval()
+    return options, overrides["sampler."], overrides["data."]
 
 
 @torch.no_grad()

@@ -27,6 +27,7 @@ from lmtrain.checkpoints import (
     read_checkpoint,
 )
 from lmtrain.csv_logger import MetricsCSVLogger
+from lmtrain.data.vocab import Vocabulary
 from lmtrain.memory import reuse_freed_memory
 from lmtrain.module import LanguageModel
 
@@ -138,19 +139,26 @@ def write_run_info(
 
 
 def build_model(cfg: DictConfig) -> tuple[L.LightningDataModule, LanguageModel]:
-    """The data module (set up) and the LanguageModel (encoder + output strategy) that ``cfg`` describes;
-    ``module.signature`` is what a checkpoint must match to be loaded into it."""
+    """The data module (set up) and the LanguageModel (encoder + output strategy) that ``cfg`` describes."""
     datamodule = instantiate(cfg.data)
     datamodule.setup()
-    encoder = build(cfg.model, num_classes=datamodule.num_classes)
-    output = build_output(cfg, datamodule.num_classes, encoder.output_dim, datamodule.counts, datamodule.train_ids)
+    return datamodule, build_module(cfg, datamodule.num_classes, datamodule.counts, datamodule.train_ids)
+
+
+def build_module(
+    cfg: DictConfig, num_classes: int, counts: torch.Tensor, train_ids: torch.Tensor | None
+) -> LanguageModel:
+    """The LanguageModel of ``cfg`` for a vocabulary of ``num_classes`` with these training ``counts`` (and training
+    stream, for strategies built from it); ``module.signature`` is what a checkpoint must match to be loaded."""
+    encoder = build(cfg.model, num_classes=num_classes)
+    output = build_output(cfg, num_classes, encoder.output_dim, counts, train_ids)
     module = LanguageModel(encoder, output, OmegaConf.to_container(cfg.optim, resolve=True), cfg.loss_reduction)
     module.signature = {
-        "num_classes": datamodule.num_classes,
+        "num_classes": num_classes,
         "output": cfg.output._target_,
         "model": OmegaConf.to_container(cfg.model, resolve=True),
     }
-    return datamodule, module
+    return module
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
@@ -182,6 +190,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     name = run_name(cfg, output_choice, overrides)
     run_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)  # there from the start, also if the run dies
+    Vocabulary(datamodule.vocab, datamodule.counts).save(run_dir)  # vocab.tsv: what generate and score read text with
     write_run_info(run_dir, name, output_choice, cfg, {})
     loggers = build_loggers(cfg, run_dir, name, resume_id, output_choice)
     ckpt_dir = run_dir / "checkpoints"

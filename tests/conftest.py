@@ -48,3 +48,47 @@ def tiny_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[...
         return make_config([*TINY, f"run_dir={run}", *overrides])
 
     return build
+
+
+def write_text_corpus(folder: Path, words: int = 60, seed: int = 0) -> Path:
+    """train.txt, valid.txt and test.txt of lines of 1 to 12 words drawn from a Zipf-Markov source over w0, w1, ...;
+    valid and test end with a line holding the word "oov", which train lacks (read as <unk>). Returns the folder."""
+    import torch
+
+    from lmtrain.data.synthetic import ZipfMarkovSource
+
+    source = ZipfMarkovSource(words, seed=seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    for index, (split, length) in enumerate((("train", 6000), ("valid", 600), ("test", 600))):
+        gen = torch.Generator().manual_seed(seed + index)
+        ids = source.sample(length, gen).tolist()
+        cuts = torch.randint(1, 13, (length,), generator=gen).cumsum(0).tolist()
+        lines = [" ".join(f"w{i}" for i in ids[a:b]) for a, b in zip([0, *cuts], cuts, strict=False) if a < length]
+        lines += [] if split == "train" else ["w1 oov w2"]
+        (folder / f"{split}.txt").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[Path, dict[str, float]]]:
+    """trained_run(output, corpus) -> (run folder, final metrics) of a tiny run trained for 8 steps and tested with
+    data.eval_batch_size=1, one per (output, corpus) in the session. corpus "synthetic": no <eos>, no <unk>;
+    "text": write_text_corpus, lines end in <eos> and the vocabulary has <unk>."""
+    from lmtrain.run import train
+
+    runs: dict[tuple[str, str], tuple[Path, dict[str, float]]] = {}
+
+    def get(output: str = "full", corpus: str = "synthetic") -> tuple[Path, dict[str, float]]:
+        if (output, corpus) not in runs:
+            root = tmp_path_factory.mktemp(f"{output}-{corpus}")
+            common = [o for o in TINY if not o.startswith(("data=", "data.train_", "data.valid_", "data.test_"))]
+            if corpus == "synthetic":
+                data = ["data=synthetic", "data.train_tokens=6000", "data.valid_tokens=600", "data.test_tokens=600"]
+            else:
+                data = ["data=text", f"data.path={write_text_corpus(root / 'corpus')}", f"data.cache_dir={root}/cache"]
+            cfg = make_config([*common, *data, f"output={output}", "trainer.max_steps=8", "data.eval_batch_size=1",
+                               f"run_dir={root / 'run'}"])  # fmt: skip
+            runs[output, corpus] = root / "run", train(cfg)
+        return runs[output, corpus]
+
+    return get

@@ -35,7 +35,7 @@ def test_probabilities_over_all_classes_sum_to_one(cutoffs):
     hidden = torch.randn(6, 32, dtype=torch.float64)
     target = torch.randint(37, (6,))
     with torch.no_grad():
-        full = output.full_log_prob(hidden)  # (6, 37)
+        full = output.log_probs_all(hidden)  # (6, 37)
         torch.testing.assert_close(full.exp().sum(1), torch.ones(6, dtype=torch.float64), rtol=0, atol=1e-12)
         assert full.std() > 0.05  # not a uniform distribution
         log_p = output.log_prob(hidden, target)

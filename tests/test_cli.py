@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, cwd: Path, module: str = "lmtrain") -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
         "WANDB_MODE": "disabled",
@@ -21,7 +21,7 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
         "LMTRAIN_CACHE_DIR": str(cwd / "cache"),
     }
     return subprocess.run(
-        [sys.executable, "-m", "lmtrain", *args],
+        [sys.executable, "-m", module, *args],
         cwd=cwd,
         env=env,
         capture_output=True,
@@ -61,3 +61,18 @@ def test_short_training_run_from_the_command_line(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert (run / "metrics.csv").is_file() and (run / "checkpoints" / "last.ckpt").is_file()
     assert (run / ".hydra" / "config.yaml").is_file()
+    assert (run / "vocab.tsv").read_text().startswith("word\tcount\nw0\t")
+
+
+def test_generate_and_score_from_the_command_line(trained_run, tmp_path):
+    run, _ = trained_run("full", "text")
+    generated = run_cli(
+        f"ckpt_path={run}", "prompt=w1 w2", "num_tokens=5", "seed=1", cwd=tmp_path, module="lmtrain.generate"
+    )
+    assert generated.returncode == 0 and generated.stdout.startswith("w1 w2"), generated.stderr[-3000:]
+    text = run.parent / "corpus" / "test.txt"
+    scored = run_cli(f"ckpt_path={run}", f"file={text}", cwd=tmp_path, module="lmtrain.score")
+    assert scored.returncode == 0 and "perplexity" in scored.stdout, scored.stderr[-3000:]
+    assert (run / "score" / "test.csv").is_file()
+    bad = run_cli(f"ckpt_path={run}", "temperature=-1", cwd=tmp_path, module="lmtrain.generate")
+    assert bad.returncode == 2 and bad.stderr.strip().startswith("lmtrain: error: temperature=-1")

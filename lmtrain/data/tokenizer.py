@@ -47,6 +47,11 @@ def read_lines(path: Path) -> list[str]:
         raise DataError(f"data file {path} is not UTF-8 text ({err.reason}): convert it to UTF-8.") from err
     if not text.strip():
         raise DataError(f"data file {path} has no tokens: put the {path.stem} split there, one sentence per line.")
+    return text_lines(text)
+
+
+def text_lines(text: str) -> list[str]:
+    """The lines of a text (a final newline does not start an extra line), the U+001C..U+001F separators as spaces."""
     if any(chr(c) in text for c in _SEPARATORS):
         text = text.translate(_SEPARATORS)
     lines = text.split("\n")

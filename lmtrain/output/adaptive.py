@@ -85,6 +85,5 @@ class AdaptiveSoftmax(OutputLayer):
     def loss(self, hidden: Tensor, target: Tensor, inputs: Tensor | None = None) -> Tensor:
         return self.asm(hidden, target).loss
 
-    def full_log_prob(self, hidden: Tensor) -> Tensor:
-        """(N, d) -> (N, n) log-probabilities of every class (O(nd); for checks and small vocabularies)."""
+    def log_probs_all(self, hidden: Tensor) -> Tensor:
         return self.asm.log_prob(hidden)

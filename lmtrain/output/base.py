@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+PAIRS_PER_CHUNK = 1 << 16  # (position, class) pairs per log_prob call in the default log_probs_all
+
 
 class OutputLayer(nn.Module):
     """Maps top-layer hidden states to a training objective and to exact log-probabilities.
@@ -25,6 +27,21 @@ class OutputLayer(nn.Module):
     def log_prob(self, hidden: Tensor, target: Tensor) -> Tensor:
         """(N, d), (N,) -> (N,) exact log p(target | hidden)."""
         raise NotImplementedError
+
+    def log_probs_all(self, hidden: Tensor) -> Tensor:
+        """(N, d) -> (N, n) exact log p of every class (for sampling text and for checks; O(n) per position).
+
+        Default: ``log_prob`` of every (position, class) pair, in vocabulary chunks of at most ``PAIRS_PER_CHUNK``
+        pairs, right for any strategy; strategies with a direct form (one product with all class vectors) override it.
+        """
+        num_positions = hidden.shape[0]
+        chunk = max(1, PAIRS_PER_CHUNK // max(num_positions, 1))
+        parts = []
+        for start in range(0, self.num_classes, chunk):
+            classes = torch.arange(start, min(start + chunk, self.num_classes), device=hidden.device)  # (k,)
+            pairs = self.log_prob(hidden.repeat_interleave(classes.numel(), 0), classes.repeat(num_positions))
+            parts.append(pairs.view(num_positions, classes.numel()))  # (N, k)
+        return torch.cat(parts, dim=1)
 
     def after_optimizer_step(self) -> None:
         """Called once after every optimizer step; default: nothing to refresh."""

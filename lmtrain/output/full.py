@@ -50,3 +50,6 @@ class FullSoftmax(OutputLayer):
             lambda s, e: F.linear(hidden, self.weight[s:e], self.bias[s:e]), self.num_classes, self.eval_chunk
         )
         return target_logit - log_z
+
+    def log_probs_all(self, hidden: Tensor) -> Tensor:
+        return torch.log_softmax(self.logits(hidden), dim=1)  # (N, n)

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmtrain.output import trees
-from lmtrain.output.base import OutputLayer
+from lmtrain.output.base import PAIRS_PER_CHUNK, OutputLayer
 from lmtrain.output.rows import gather_rows
 
 TREES = ("huffman", "balanced", "two_level")
@@ -113,6 +113,22 @@ class HierarchicalSoftmax(OutputLayer):
         if self.factorized:
             return self._two_level_log_prob(query, target)
         return self._tree_log_prob(query, target)
+
+    def log_probs_all(self, hidden: Tensor) -> Tensor:
+        scores = self.query(hidden) @ self.weight.T  # (N, rows): every node's (or class's and bin's) score
+        if self.factorized:
+            class_scores, bin_scores = scores[:, : self.num_classes], scores[:, self.num_classes :]  # (N, n), (N, K)
+            members = class_scores[:, self.members].masked_fill(~self.member_mask, float("-inf"))  # (N, K, S)
+            log_p_bin = torch.log_softmax(bin_scores, dim=1) - torch.logsumexp(members, dim=2)  # (N, K)
+            return log_p_bin[:, self.bin_of] + class_scores
+        chunk = max(1, PAIRS_PER_CHUNK // max(scores.shape[0] * self.path_nodes.shape[1], 1))
+        parts = []
+        for start in range(0, self.num_classes, chunk):
+            nodes = self.path_nodes[start : start + chunk].long()  # (k, L)
+            signs = self.path_signs[start : start + chunk].to(scores.dtype)  # (k, L)
+            decisions = F.logsigmoid(signs * scores[:, nodes])  # (N, k, L)
+            parts.append((decisions * self.path_mask[start : start + chunk]).sum(2))  # (N, k)
+        return torch.cat(parts, dim=1)
 
     def loss(self, hidden: Tensor, target: Tensor, inputs: Tensor | None = None) -> Tensor:
         return -self.log_prob(hidden, target).mean()

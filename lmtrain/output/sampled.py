@@ -133,6 +133,9 @@ class SampledSoftmax(OutputLayer):
         target_score = self.class_scores(hidden, target.unsqueeze(1))[:, 0]  # (N,)
         return target_score - self.log_normalizer(hidden)
 
+    def log_probs_all(self, hidden: Tensor) -> Tensor:
+        return torch.log_softmax(self.score(self.query(hidden), self.weight), dim=1)  # (N, n), the same scores
+
     # --- training -------------------------------------------------------------------------------
     def draw(self, hidden: Tensor, inputs: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
         """Negatives: ids (m,) or (N, m), their log q, and for unique draws the number of tries; a per-example
