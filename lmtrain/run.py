@@ -30,6 +30,7 @@ from lmtrain.csv_logger import MetricsCSVLogger
 from lmtrain.data.vocab import Vocabulary
 from lmtrain.memory import reuse_freed_memory
 from lmtrain.module import LanguageModel
+from lmtrain.threads import apply_threads
 
 log = logging.getLogger("lmtrain")
 
@@ -167,6 +168,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     output_choice, overrides = hydra_context()
     run_dir = Path(str(cfg.run_dir)).resolve()
     ckpt = resolve_ckpt(cfg, run_dir, overrides)
+    apply_threads(cfg.get("threads", "auto"))  # parallel jobs share the cores instead of fighting over them
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision("high")
     torch.set_flush_denormal(True)  # tiny LSTM gradients as subnormal floats are very slow on CPUs
