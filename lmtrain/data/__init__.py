@@ -1,4 +1,4 @@
-"""Data layer: corpora (folders, downloads, synthetic, zipf), tokenizer + id cache, TBPTT batching (DESIGN §4)."""
+"""Data layer: corpora (folders, downloads, synthetic, zipf), tokenizer + id cache, TBPTT batching."""
 
 from lmtrain.data.batching import StreamSampler, WindowDataset, batchify, shard_rows
 from lmtrain.data.corpus import Corpus

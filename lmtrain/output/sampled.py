@@ -28,8 +28,8 @@ class SampledSoftmax(OutputLayer):
     position's target is the mixture's); samplers with only a per-position mode (softmax, bigram) ignore it.
     Per-example samplers draw m per position from their context: the query vector and the input tokens ``loss``
     receives. ``unique`` draws distinct negatives and corrects with expected counts; ``correction`` picks the
-    exact DESIGN §3 estimator or the classic ln(m q) one; ``remove_accidental_hits`` masks negatives equal to
-    the target.
+    exact estimator (docs/strategies.md) or the classic ln(m q) one; ``remove_accidental_hits`` masks negatives
+    equal to the target.
     ``bias_init="log_unigram"`` starts the biases at the log of the smoothed training unigram (``counts``),
     a normalized model (sum of exp(b) = 1) that already predicts word frequencies (Labeau & Allauzen 2018).
 

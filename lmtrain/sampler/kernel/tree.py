@@ -1,4 +1,4 @@
-"""Divide-and-conquer sampling from a kernel proposal q_i ∝ K(h, w_i), per example or batch-shared (DESIGN §3)."""
+"""Divide-and-conquer sampling from a kernel proposal q_i ∝ K(h, w_i), per example or batch-shared."""
 
 from __future__ import annotations
 
