@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import shutil
 import sys
 import time
@@ -123,8 +124,10 @@ def write_run_info(
     cfg: DictConfig,
     metrics: dict[str, float],
     wall_time_s: float | None = None,
+    entropy_rate: float | None = None,
 ) -> None:
-    """run.json: what scripts need to label and tabulate the run without re-resolving the config."""
+    """run.json: what scripts need to label and tabulate the run without re-resolving the config (and, for a
+    synthetic source, ``best_possible_ppl`` = exp(entropy rate))."""
     output = OmegaConf.to_container(cfg.output, resolve=True)
     sampler = OmegaConf.to_container(cfg.sampler, resolve=True) if cfg.get("sampler") else None
     info = {
@@ -133,6 +136,7 @@ def write_run_info(
         "output_options": {k: v for k, v in output.items() if not k.startswith("_")},
         "sampler": sampler,
         "data": str(cfg.data.get("name", "")),
+        "best_possible_ppl": None if entropy_rate is None else math.exp(entropy_rate),
         "metrics": metrics,
         "wall_time_s": wall_time_s,  # of this invocation (a resumed run counts from its restart)
     }
@@ -177,6 +181,12 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
     datamodule, module = build_model(cfg)
     signature = module.signature
+    if datamodule.entropy_rate is not None:  # a synthetic source: its optimum is known
+        log.info(
+            "data: entropy rate of the source %.4f nats/token, so the best possible perplexity is %.2f",
+            datamodule.entropy_rate,
+            math.exp(datamodule.entropy_rate),
+        )
 
     resume_id = None
     if ckpt is not None:
@@ -193,7 +203,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     run_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)  # there from the start, also if the run dies
     Vocabulary(datamodule.vocab, datamodule.counts).save(run_dir)  # vocab.tsv: what generate and score read text with
-    write_run_info(run_dir, name, output_choice, cfg, {})
+    write_run_info(run_dir, name, output_choice, cfg, {}, entropy_rate=datamodule.entropy_rate)
     loggers = build_loggers(cfg, run_dir, name, resume_id, output_choice)
     ckpt_dir = run_dir / "checkpoints"
     callbacks: list[L.Callback] = [
@@ -241,7 +251,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
         tested = trainer.test(module, datamodule=datamodule, ckpt_path=best_path, verbose=False)
         metrics.update({k: float(v) for k, v in (tested[0] if tested else {}).items()})
     if trainer.is_global_zero:  # one writer under DDP
-        write_run_info(run_dir, name, output_choice, cfg, metrics, time.perf_counter() - started)
+        write_run_info(
+            run_dir, name, output_choice, cfg, metrics, time.perf_counter() - started, datamodule.entropy_rate
+        )
     for lg in loggers:
         lg.finalize("success")
     finish_wandb()

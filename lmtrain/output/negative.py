@@ -25,7 +25,7 @@ class NegativeSampling(SampledSoftmax):
         dim: int,
         sampler: Sampler,
         num_samples: int = 100,
-        shared_negatives: bool = True,
+        shared_negatives: bool | None = None,
         bias: bool = True,
         sparse: bool = True,
         init_range: float = 0.1,

@@ -36,7 +36,7 @@ class CosineSampledSoftmax(SampledSoftmax):
         remove_accidental_hits: bool = True,
         correction: Literal["exact", "classic"] = "exact",
         unique: bool = False,
-        shared_negatives: bool = True,
+        shared_negatives: bool | None = None,
         sparse: bool = True,
         init_range: float = 0.1,
         eval_chunk: int = 65536,

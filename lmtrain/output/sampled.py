@@ -21,11 +21,15 @@ DENSE_RATIO = 20
 class SampledSoftmax(OutputLayer):
     """Softmax trained on the target plus ``num_samples`` negatives drawn from ``sampler``.
 
-    Context-free samplers share one set of negatives across the batch (one dense (N, d') x (d', m)
-    product); ``shared_negatives=false`` draws N x m of them instead (per example). Per-example samplers
-    draw m per position from their context: the query vector and the input tokens ``loss`` receives. ``unique`` draws
-    distinct negatives and corrects with expected counts; ``correction`` picks the exact DESIGN §3
-    estimator or the classic ln(m q) one; ``remove_accidental_hits`` masks negatives equal to the target.
+    ``shared_negatives`` (None = the sampler's own mode) asks for one set of m negatives for the whole batch (one
+    dense (N, d') x (d', m) product) or for m per position. Context-free samplers share by default and draw N x m
+    with ``shared_negatives=false``; kernel samplers draw per position by default and, with
+    ``shared_negatives=true``, m for the batch from the mixture of the batch's proposals (then log q of every
+    position's target is the mixture's); samplers with only a per-position mode (softmax, bigram) ignore it.
+    Per-example samplers draw m per position from their context: the query vector and the input tokens ``loss``
+    receives. ``unique`` draws distinct negatives and corrects with expected counts; ``correction`` picks the
+    exact estimator (docs/strategies.md) or the classic ln(m q) one; ``remove_accidental_hits`` masks negatives
+    equal to the target.
     ``bias_init="log_unigram"`` starts the biases at the log of the smoothed training unigram (``counts``),
     a normalized model (sum of exp(b) = 1) that already predicts word frequencies (Labeau & Allauzen 2018).
 
@@ -46,7 +50,7 @@ class SampledSoftmax(OutputLayer):
         remove_accidental_hits: bool = True,
         correction: Literal["exact", "classic"] = "exact",
         unique: bool = False,
-        shared_negatives: bool = True,
+        shared_negatives: bool | None = None,
         bias: bool = True,
         sparse: bool = True,
         init_range: float = 0.1,
@@ -59,8 +63,15 @@ class SampledSoftmax(OutputLayer):
             raise ValueError(f"output.correction must be 'exact' or 'classic', got {correction!r}")
         if num_samples < 1:
             raise ValueError(f"output.num_samples must be a positive number of negatives, got {num_samples}")
+        if shared_negatives is not None:
+            sampler.share_negatives(shared_negatives)  # kernel samplers switch mode; the others keep theirs
+        else:
+            shared_negatives = not sampler.per_example
         if unique and (sampler.per_example or not shared_negatives):
-            raise ValueError("output.unique=true needs shared negatives from a context-free sampler (uniform, unigram)")
+            raise ValueError(
+                "output.unique=true needs shared negatives for the batch: a context-free sampler (uniform, unigram) "
+                "or a kernel sampler with output.shared_negatives=true"
+            )
         if bias_init != "zero" and not self.signed_scores:
             raise ValueError(
                 f"{type(self).__name__} scores |o|, so its biases start at zero; got bias_init={bias_init!r}"
@@ -138,17 +149,15 @@ class SampledSoftmax(OutputLayer):
 
     # --- training -------------------------------------------------------------------------------
     def draw(self, hidden: Tensor, inputs: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Negatives: ids (m,) or (N, m), their log q, and for unique draws the number of tries; a per-example
-        sampler gets the query vectors and the input tokens ``inputs`` (N,)."""
+        """Negatives: ids (m,) shared or (N, m) per example, their log q, and for unique draws the number of
+        tries. The sampler gets the query vectors (N, d') and the input tokens ``inputs`` (N,) as context."""
+        context = self.query(hidden).detach()  # (N, d'); context-free samplers ignore it
         if self.unique:
-            return draw_unique(self.sampler, self.num_samples)
-        if self.sampler.per_example:
-            ids, log_q = self.sampler.sample(self.query(hidden).detach(), self.num_samples, inputs=inputs)
+            return draw_unique(self.sampler, self.num_samples, context, inputs)
+        if self.sampler.per_example or self.shared_negatives:  # (N, m) per example, or (m,) for the batch
+            ids, log_q = self.sampler.sample(context, self.num_samples, inputs=inputs)
             return ids, log_q, None
-        if self.shared_negatives:
-            ids, log_q = self.sampler.sample(None, self.num_samples)
-            return ids, log_q, None
-        ids, log_q = self.sampler.sample(None, hidden.shape[0] * self.num_samples)  # (N * m,)
+        ids, log_q = self.sampler.sample(context, hidden.shape[0] * self.num_samples)  # (N * m,) context-free
         return ids.view(hidden.shape[0], -1), log_q.view(hidden.shape[0], -1), None  # (N, m) each
 
     def loss(self, hidden: Tensor, target: Tensor, inputs: Tensor | None = None) -> Tensor:
@@ -159,9 +168,9 @@ class SampledSoftmax(OutputLayer):
         return self.sampled_nll(query, target, target_logit, neg_logits, ids, log_q, tries, inputs).mean()
 
     def target_log_q(self, query: Tensor, target: Tensor, inputs: Tensor | None = None) -> Tensor:
-        """log q of each position's target (N, 1) under the proposal of that position (query (N, d'), inputs (N,))."""
-        context = query.detach() if self.sampler.per_example else None
-        return self.sampler.log_q(context, target.unsqueeze(1), inputs=inputs)  # (N, 1)
+        """log q of each position's target (N, 1) under the proposal of that position (query (N, d'), inputs (N,));
+        a batch-shared proposal is the same for every position."""
+        return self.sampler.log_q(query.detach(), target.unsqueeze(1), inputs=inputs)  # (N, 1)
 
     def sampled_nll(
         self,
@@ -205,15 +214,18 @@ class SampledSoftmax(OutputLayer):
         self.sampler.update(self.weight.detach(), changed_rows(self.weight))
 
 
-def draw_unique(sampler: Sampler, num_samples: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Draw from a context-free sampler until ``num_samples`` distinct ids are seen.
+def draw_unique(
+    sampler: Sampler, num_samples: int, context: Tensor | None = None, inputs: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Draw from a shared proposal (context-free, or batch-shared given the batch's ``context`` (N, d') and
+    ``inputs`` (N,)) until ``num_samples`` distinct ids are seen.
 
     Returns the distinct ids (m,), their log q (m,), and the number of draws it took (scalar tensor).
     """
     drawn: list[Tensor] = []
     seen = 0
     while seen < num_samples:
-        batch, _ = sampler.sample(None, num_samples)
+        batch, _ = sampler.sample(context, num_samples, inputs=inputs)
         drawn.append(batch)
         seen = torch.unique(torch.cat(drawn)).numel()
     stream = torch.cat(drawn)  # (T,) all draws in order
@@ -223,4 +235,4 @@ def draw_unique(sampler: Sampler, num_samples: int) -> tuple[Tensor, Tensor, Ten
     order = first.argsort()[:num_samples]  # the first m distinct ids in draw order
     ids = uniq[order]
     tries = first[order].max() + 1  # draws needed to see m distinct ids
-    return ids, sampler.log_q(None, ids), tries.to(torch.get_default_dtype())
+    return ids, sampler.log_q(context, ids, inputs=inputs), tries.to(torch.get_default_dtype())

@@ -11,13 +11,15 @@ from torch import Tensor, nn
 class Sampler(nn.Module):
     """A proposal q over the classes, used for negatives by sampled softmax, NCE and negative sampling.
 
-    Context-free samplers (``per_example = False``) ignore ``hidden`` and ``inputs`` and return shared ids of
-    shape (m,); context-dependent samplers (``per_example = True``) return ids of shape (N, m), one row per
-    position. Their context is ``hidden``, the output layer's query vector (N, d'), e.g. [h, 1], whose dot
-    product with a ``weight`` row (the vectors given to ``update``) is the logit, and ``inputs`` (N,), the
-    input token at each position (for a language model the previous word: the token the LSTM read there).
-    A sampler uses what it needs and ignores the rest; one that needs ``inputs`` and gets None raises
-    ValueError. ``log_q`` is the exact log-probability with which each returned id was drawn.
+    Samplers with ``per_example = False`` return ids of shape (m,) shared by the whole batch: context-free
+    ones ignore ``hidden`` and ``inputs``; a batch-shared one (a kernel sampler after ``share_negatives(True)``)
+    draws from one proposal built from the whole batch's context, and its ``log_q`` is that proposal's for any
+    ids. Samplers with ``per_example = True`` return ids of shape (N, m), one row per position. The context is
+    ``hidden``, the output layer's query vector (N, d'), e.g. [h, 1], whose dot product with a ``weight`` row
+    (the vectors given to ``update``) is the logit, and ``inputs`` (N,), the input token at each position (for
+    a language model the previous word: the token the LSTM read there). A sampler uses what it needs and
+    ignores the rest; one that needs ``inputs`` and gets None raises ValueError. ``log_q`` is the exact
+    log-probability with which each returned id was drawn.
     """
 
     per_example: bool = False
@@ -27,9 +29,15 @@ class Sampler(nn.Module):
         raise NotImplementedError
 
     def log_q(self, hidden: Tensor | None, ids: Tensor, inputs: Tensor | None = None) -> Tensor:
-        """Exact log q of any ids: (k,) for context-free samplers, (N, k) with hidden (N, d') and/or inputs (N,)
-        otherwise."""
+        """Exact log q of any ids: the ids' shape for shared proposals (context-free, or batch-shared given the
+        batch's hidden (N, d')), (N, k) with hidden (N, d') and/or inputs (N,) for per-example ones."""
         raise NotImplementedError
+
+    def share_negatives(self, shared: bool) -> None:
+        """Choose one set of negatives per batch (``shared``) or one per position, for samplers that offer both
+        (kernel samplers: the batch-shared mode draws from the mixture of the batch's proposals). The others
+        keep their only mode (the default): context-free samplers always share (an output layer asking for
+        per-position negatives draws N x m of them), and softmax and bigram always draw per position."""
 
     def update(self, weight: Tensor, rows: Tensor | None = None) -> None:
         """Refresh after class embeddings changed; ``rows`` = changed rows, None = all. Default no-op."""
@@ -42,6 +50,6 @@ class Sampler(nn.Module):
         """log q of every class for each query (N, d') and input token (N,) -> (N, n), for diagnostics
         (KL(p || q)); O(N n) memory."""
         ids = torch.arange(num_classes, device=hidden.device)
-        if not self.per_example:
-            return self.log_q(None, ids).expand(hidden.shape[0], -1)
+        if not self.per_example:  # one proposal for all positions (of this batch)
+            return self.log_q(hidden, ids, inputs=inputs).expand(hidden.shape[0], -1)
         return self.log_q(hidden, ids.expand(hidden.shape[0], -1), inputs=inputs)

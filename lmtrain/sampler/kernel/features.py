@@ -40,6 +40,14 @@ class FeatureMap(nn.Module):
         """Sum of phi over the valid rows of each bucket: rows (c, L, d), valid (c, L) -> (c, F)."""
         return (self(rows) * valid.unsqueeze(-1)).sum(1)
 
+    def inner(self, psi: Tensor, x: Tensor) -> Tensor:
+        """<psi, phi(x)> for one feature-space vector psi (F,) and raw vectors x (..., d) -> (...)."""
+        return self(x) @ psi
+
+    def weighted_sum(self, x: Tensor, weights: Tensor) -> Tensor:
+        """sum_i weights_i phi(x_i) for raw vectors x (N, d) and weights (N,) -> (F,)."""
+        return weights @ self(x)
+
     def sum_elements(self, bucket_size: int, in_features: int) -> int:
         """Temporary tensor elements ``node_sums`` needs per bucket (for memory-bounded chunks)."""
         return bucket_size * self.out_features(in_features)
@@ -81,6 +89,18 @@ class QuadraticFeatures(FeatureMap):
         tri_r, tri_c, scale = self._triangle(rows.shape[-1], rows.device, rows.dtype)
         count = valid.sum(1, keepdim=True).to(rows.dtype)  # (c, 1)
         return torch.cat([second[:, tri_r, tri_c] * scale, count], dim=1)
+
+    def inner(self, psi: Tensor, x: Tensor) -> Tensor:
+        # psi = [sqrt(alpha) vec(A), c] in the triangle layout: <psi, phi(x)> = x^T A' x + c, A' upper triangular
+        rows, cols, scale = self._triangle(x.shape[-1], x.device, x.dtype)
+        upper = x.new_zeros(x.shape[-1], x.shape[-1])
+        upper[rows, cols] = psi[:-1] * scale  # (d, d): no (..., F) features of x are formed
+        return ((x @ upper) * x).sum(-1) + psi[-1]
+
+    def weighted_sum(self, x: Tensor, weights: Tensor) -> Tensor:
+        second = (x * weights.unsqueeze(1)).T @ x  # (d, d) = sum_i weights_i x_i x_i^T: no (N, F) features
+        rows, cols, scale = self._triangle(x.shape[-1], x.device, x.dtype)
+        return torch.cat([second[rows, cols] * scale, weights.sum().view(1)])
 
     def sum_elements(self, bucket_size: int, in_features: int) -> int:
         return bucket_size * in_features + 2 * self.out_features(in_features)

@@ -14,20 +14,27 @@ log = logging.getLogger("lmtrain")
 
 
 class KernelSampler(Sampler):
-    """Per-example proposal q_i ∝ K(query, w_i) for a feature map K = <phi, phi>, drawn from a ``KernelTree``.
+    """Kernel proposal q_i ∝ K(query, w_i) for a feature map K = <phi, phi>, drawn from a ``KernelTree``.
 
     ``hidden`` is the output layer's query vector (e.g. [h, 1]) and ``update(weight, rows)`` receives the
-    class vectors whose dot product with it is the logit. The tree is derived state: built from the
-    first weights it sees, refreshed for the changed rows after each optimizer step, rebuilt from
-    the weights when ``rows`` is None (a dense optimizer, or a checkpoint load); only the feature
-    map's own buffers (RFF frequencies) go into checkpoints.
+    class vectors whose dot product with it is the logit. Two modes (``share_negatives``):
+    - per example (the default, ``per_example`` True): m ids per position, ids and log q of shape (N, m);
+    - batch-shared (``shared=True``, ``per_example`` False): m ids for the whole batch, drawn from the mixture
+      q-bar = (1/N) sum_i q_i of the batch's proposals by one walk of the query ``mixture_query(hidden)``;
+      ``sample`` returns ids and log q-bar of shape (m,), and ``log_q(hidden, ids)`` is log q-bar of any ids
+      (any shape), the same distribution for every position of that batch.
+
+    The tree is derived state: built from the first weights it sees, refreshed for the changed rows after
+    each optimizer step, rebuilt from the weights when ``rows`` is None (a dense optimizer, or a checkpoint
+    load); only the feature map's own buffers (RFF frequencies) go into checkpoints.
     """
 
-    per_example = True
-
-    def __init__(self, features: FeatureMap, leaf_size: int | None = None, eps: float = 1e-6) -> None:
+    def __init__(
+        self, features: FeatureMap, leaf_size: int | None = None, eps: float = 1e-6, shared: bool = False
+    ) -> None:
         super().__init__()
         self.tree = KernelTree(features, leaf_size=leaf_size, eps=eps)
+        self.shared = bool(shared)
         self._drawn_since_rebuild = False
         self._told_dense = False
 
@@ -35,19 +42,38 @@ class KernelSampler(Sampler):
     def features(self) -> FeatureMap:
         return self.tree.features
 
+    @property
+    def per_example(self) -> bool:  # type: ignore[override]  # follows the mode
+        return not self.shared
+
+    def share_negatives(self, shared: bool) -> None:
+        self.shared = bool(shared)
+
+    def mixture_query(self, hidden: Tensor) -> Tensor:
+        """The feature-space query (F,) whose walk draws from the batch's mixture proposal (``KernelTree.mixture``)."""
+        return self.tree.mixture(self._context(hidden))
+
     def sample(self, hidden: Tensor | None, num_samples: int, inputs: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        if hidden is None:
-            raise ValueError("a kernel sampler draws per example: pass the query vectors as `hidden`")
         self._drawn_since_rebuild = True
-        return self.tree.sample(hidden, num_samples)
+        if self.shared:
+            return self.tree.sample_mixture(self.mixture_query(hidden), num_samples)  # (m,) each
+        return self.tree.sample(self._context(hidden), num_samples)  # (N, m) each
 
     def log_q(self, hidden: Tensor | None, ids: Tensor, inputs: Tensor | None = None) -> Tensor:
-        if hidden is None:
-            raise ValueError("a kernel sampler's log_q depends on the query: pass it as `hidden`")
-        return self.tree.log_q(hidden, ids)
+        if self.shared:
+            return self.tree.log_q_mixture(self.mixture_query(hidden), ids)  # ids' shape
+        return self.tree.log_q(self._context(hidden), ids)  # (N, k)
 
     def log_q_all(self, hidden: Tensor, num_classes: int, inputs: Tensor | None = None) -> Tensor:
+        if self.shared:
+            return self.tree.log_q_all_mixture(self.mixture_query(hidden)).expand(hidden.shape[0], -1)
         return self.tree.log_q_all(hidden)
+
+    @staticmethod
+    def _context(hidden: Tensor | None) -> Tensor:
+        if hidden is None:
+            raise ValueError("a kernel proposal depends on the queries: pass them (N, d') as `hidden`")
+        return hidden
 
     def update(self, weight: Tensor, rows: Tensor | None = None) -> None:
         built = self.tree.weight is not None and self.tree.weight.shape == weight.shape

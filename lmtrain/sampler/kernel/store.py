@@ -1,0 +1,141 @@
+"""The node sums of a kernel tree and their maintenance: build from the weights, refresh changed buckets."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from lmtrain.sampler.kernel.features import FeatureMap
+
+
+class TreeStore(nn.Module):
+    """A complete binary tree over buckets of classes whose nodes store z(C) = sum of phi(w_j), j in C.
+
+    Classes are cut into ``2^depth`` contiguous buckets of at most ``leaf_size`` classes (spread
+    evenly; trailing buckets may be empty, have zero sums and are never chosen). ``nodes`` is a heap
+    array (2B - 1, F): node i has children 2i + 1 and 2i + 2; ``floor`` (2B - 1,) is the clamp of each
+    node's score, eps for non-empty nodes and 0 for empty ones. ``leaf_size=None`` uses F / d
+    (F = dim phi, d = dim w), which keeps node memory near 2-4x the weight matrix: about
+    (2 * 2^ceil(log2(n / leaf_size))) * F floats. The walks over the tree live in ``TreeWalk``.
+    """
+
+    def __init__(
+        self,
+        features: FeatureMap,
+        leaf_size: int | None = None,
+        eps: float = 1e-6,
+        dense_factor: int = 64,
+        chunk_elements: int = 1 << 22,
+    ) -> None:
+        super().__init__()
+        if leaf_size is not None and int(leaf_size) < 1:
+            raise ValueError(f"sampler.leaf_size must be a positive class count or null, got {leaf_size}")
+        if not eps > 0:
+            raise ValueError(f"sampler.eps must be positive (the clamp on node scores), got {eps}")
+        self.features = features
+        self.leaf_size = None if leaf_size is None else int(leaf_size)
+        self.eps, self.dense_factor, self.chunk_elements = float(eps), dense_factor, chunk_elements
+        self.num_classes = self.depth = self.bucket_size = 0
+        self.weight: Tensor | None = None  # the latest weights given to rebuild/update (not a buffer)
+        self.register_buffer("nodes", torch.empty(0), persistent=False)  # (2B - 1, F)
+        self.register_buffer("floor", torch.empty(0), persistent=False)  # (2B - 1,) eps or 0 (empty)
+
+    @property
+    def num_buckets(self) -> int:
+        return 1 << self.depth
+
+    # --- building -------------------------------------------------------------------------------
+    def rebuild(self, weight: Tensor) -> None:
+        """Recompute every node from ``weight`` (n, d)."""
+        n, dim = weight.shape
+        size = self.leaf_size or max(1, math.ceil(self.features.out_features(dim) / dim))
+        self.depth = max(0, math.ceil(math.log2(math.ceil(n / size))))
+        self.bucket_size, self.num_classes = math.ceil(n / self.num_buckets), n
+        self.weight = weight
+        buckets = self.num_buckets
+        starts = torch.arange(buckets, device=weight.device) * self.bucket_size
+        counts = (n - starts).clamp(0, self.bucket_size)  # (B,) classes per bucket
+        shape = (2 * buckets - 1, self.features.out_features(dim))
+        if self.nodes.shape != shape or self.nodes.dtype != weight.dtype or self.nodes.device != weight.device:
+            self.nodes = weight.new_empty(shape)  # every row is written below
+        sizes = torch.zeros(2 * buckets - 1, dtype=torch.long, device=weight.device)
+        sizes[buckets - 1 :] = counts
+        self._set_leaves(torch.arange(buckets, device=weight.device))
+        self._resum_levels(self.nodes)
+        self._resum_levels(sizes)
+        self.floor = torch.where(sizes > 0, self.eps, 0.0).to(weight.dtype)
+
+    def update(self, weight: Tensor, rows: Tensor) -> None:
+        """Recompute the buckets holding ``rows`` from the current ``weight`` and re-sum their ancestors."""
+        self.weight = weight
+        if rows.numel() == 0:
+            return
+        buckets = torch.unique(torch.div(rows, self.bucket_size, rounding_mode="floor"))
+        self._set_leaves(buckets)
+        if 8 * buckets.numel() > self.num_buckets:  # most ancestors change: re-sum whole levels
+            self._resum_levels(self.nodes)
+            return
+        heap = buckets + (self.num_buckets - 1)
+        pairs = self.nodes[1:].view(-1, 2, self.nodes.shape[1])  # pairs[i]: both children of node i
+        for _ in range(self.depth):
+            heap = torch.unique(torch.div(heap - 1, 2, rounding_mode="floor"))
+            children = pairs.index_select(0, heap)  # (h, 2, F)
+            self.nodes.index_copy_(0, heap, children[:, 0] + children[:, 1])
+
+    def timed_rebuild(self, weight: Tensor) -> float:
+        """rebuild(weight) and return the seconds it took."""
+        start = time.perf_counter()
+        self.rebuild(weight)
+        return time.perf_counter() - start
+
+    def _resum_levels(self, heap: Tensor) -> None:
+        """Every internal node of a heap array := left child + right child, bottom-up."""
+        for level in reversed(range(self.depth)):
+            lo, hi = (1 << level) - 1, (2 << level) - 1
+            heap[lo:hi] = heap[hi : 2 * hi + 1 : 2] + heap[hi + 1 : 2 * hi + 1 : 2]
+
+    def _set_leaves(self, buckets: Tensor) -> None:
+        per_bucket = self.features.sum_elements(self.bucket_size, self.weight.shape[1])
+        step = max(1, self.chunk_elements // per_bucket)
+        for start in range(0, buckets.numel(), step):  # chunks of buckets bound the memory
+            chunk = buckets[start : start + step]
+            rows, valid = self._members(chunk)
+            self.nodes.index_copy_(0, chunk + (self.num_buckets - 1), self.features.node_sums(rows, valid))
+
+    def _members(self, buckets: Tensor) -> tuple[Tensor, Tensor]:
+        """Rows (..., L, d) of the classes in ``buckets`` (...) and their validity mask (..., L)."""
+        ids = buckets.unsqueeze(-1) * self.bucket_size + torch.arange(self.bucket_size, device=buckets.device)
+        rows = self.weight.index_select(0, ids.clamp(max=self.num_classes - 1).view(-1))
+        return rows.view(*ids.shape, -1), ids < self.num_classes
+
+    # --- helpers for the walks --------------------------------------------------------------------
+    def _check(self, query: Tensor) -> None:
+        if self.weight is None:
+            raise RuntimeError("KernelTree is empty: call update(weight) (or rebuild) before sampling")
+        if query.shape[-1] != self.weight.shape[1]:
+            raise ValueError(f"query has {query.shape[-1]} features, class vectors {self.weight.shape[1]}")
+
+    def _dense(self, width: int, n_query: int, gathered: int) -> bool:
+        """Whether scoring all ``width`` nodes for every query (one pass over their sums plus a GEMM)
+        is cheaper than gathering ``gathered`` node sums per query; ``dense_factor`` = GEMM speed
+        relative to gather speed, per element."""
+        return width * (self.dense_factor + n_query) <= self.dense_factor * n_query * gathered
+
+    def _blocks(self, fn: Callable[[int, int], Tensor], count: int, per_item: int) -> Tensor:
+        """fn over blocks of ``count`` items (queries, nodes) sized so each block's temporaries hold about
+        ``chunk_elements`` (``per_item`` elements per item), concatenated along dim 0."""
+        step = max(1, self.chunk_elements // per_item)
+        if step >= count:
+            return fn(0, count)
+        return torch.cat([fn(lo, min(lo + step, count)) for lo in range(0, count, step)])
+
+    # --- device moves ---------------------------------------------------------------------------
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> TreeStore:
+        out = super()._apply(fn, recurse)
+        if self.weight is not None:  # keep sampling valid until the next update() re-links the weights
+            self.weight = fn(self.weight)
+        return out
