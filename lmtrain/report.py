@@ -172,14 +172,15 @@ def pyplot() -> Any:
     return plt
 
 
-def plot_ppl_vs_samples(rows: list[SummaryRow], path: str | Path) -> Path:
-    """Test perplexity (best val where there is no test) against m, one line per sampler, log x.
+def plot_ppl_vs_samples(rows: list[SummaryRow], path: str | Path, metric: str = "test") -> Path:
+    """Test perplexity (``metric="val"``: best validation perplexity; best val where a run has no test) against m,
+    one line per sampler, log x.
 
     Strategies without samples (full softmax) are drawn as horizontal reference lines, as in Blanc & Rendle Fig. 2.
     """
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    use_test = any(r.test_ppl is not None for r in rows)
+    use_test = metric == "test" and any(r.test_ppl is not None for r in rows)
     score = [(r, r.test_ppl if use_test else r.best_val_ppl) for r in rows]
     score = [(r, s) for r, s in score if s is not None and math.isfinite(s)]
     for label in sorted({r.label for r, _ in score if r.num_samples is not None}):

@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="where to write summary.md and the PNGs")
     parser.add_argument("--outputs", default=None, help="keep only these strategies (comma list, e.g. full,rff)")
     parser.add_argument("--num-samples", type=int, default=None, help="keep only this m (and strategies without m)")
+    parser.add_argument("--metric", choices=("test", "val"), default="test", help="perplexity plotted against m")
     args = parser.parse_args(argv)
 
     if not args.sweep.is_dir():
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     finished = sum(row.finished for row in rows)
     text = f"# Sweep {args.sweep}\n\n{finished} of {len(rows)} jobs finished.\n\n{table}"
     (out / "summary.md").write_text(text)
-    written = [out / "summary.md", plot_ppl_vs_samples(rows, out / "ppl_vs_samples.png")]
+    written = [out / "summary.md", plot_ppl_vs_samples(rows, out / "ppl_vs_samples.png", args.metric)]
     written.append(plot_val_curves(rows, out / "val_curves.png"))
     print(table, end="")
     for path in written:
