@@ -92,3 +92,14 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple
         return runs[output, corpus]
 
     return get
+
+
+@pytest.fixture
+def one_thread():
+    """Single-threaded: on a shared 2-core machine, OpenMP hand-offs cost more than they save in small kernels."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

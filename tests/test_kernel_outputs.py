@@ -13,14 +13,7 @@ from lmtrain.sampler import QuadraticSampler, RFFSampler
 from lmtrain.sampler.kernel import KernelTree
 from tests.conftest import make_config
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Single-threaded: on the shared 2-core machine, OpenMP hand-offs cost more than they save here."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def train(output: torch.nn.Module, steps: int, seed: int = 0) -> list[float]:

@@ -17,13 +17,7 @@ from tests.conftest import make_config
 from tests.test_kernel_outputs import assert_tree_matches_weights
 from tests.test_kernel_tree import PATHS, augmented, make_tree
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def queries(count: int, d: int, seed: int, scale: float = 1.0) -> torch.Tensor:

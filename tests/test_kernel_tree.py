@@ -14,14 +14,7 @@ from lmtrain.sampler.kernel import (
     RandomFourierFeatures,
 )
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Single-threaded: on the shared 2-core machine, OpenMP hand-offs cost more than they save here."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # dense_factor 0 forces per-walker gathers everywhere, a huge one forces one GEMM per level

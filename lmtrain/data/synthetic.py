@@ -18,6 +18,7 @@ instead of P_i, which moves the best achievable loss by well under 0.01 nats.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -57,7 +58,7 @@ class ZipfMarkovSource:
             raise DataError(f"synthetic zipf_s is {zipf_s}: set data.zipf_s to a positive exponent.")
         if not 0.0 < mix <= 1.0:
             raise DataError(f"synthetic mix is {mix}: set data.mix in (0, 1] (weight of the global Zipf).")
-        self.vocab_size = vocab_size
+        self.vocab_size = self.num_classes = vocab_size
         gen = torch.Generator().manual_seed(seed)
         base = zipf_probs(vocab_size, zipf_s)  # (V,) probability of rank r
         perms = torch.rand(vocab_size, vocab_size, generator=gen).argsort(dim=1)  # (V, V): row i's ranking
@@ -99,6 +100,23 @@ def frequency_order(train: Tensor, num_classes: int) -> tuple[Tensor, Tensor]:
     return remap, counts[order]
 
 
+def generated_corpus(name: str, source: Any, sizes: dict[str, int], seed: int) -> Corpus:
+    """Train/valid/test streams of ``sizes`` tokens sampled from ``source`` (seeded per split), ids remapped to
+    train-frequency order and named ``w0, w1, ...``; the source's exact ``entropy_rate`` comes along."""
+    for key, value in sizes.items():
+        if value < 2:
+            raise DataError(f"{name} {key} is {value}: set data.{key} to at least 2.")
+    splits = [
+        source.sample(length, torch.Generator().manual_seed(seed + 1_000_003 * (k + 1)))
+        for k, length in enumerate((sizes["train_tokens"], sizes["valid_tokens"], sizes["test_tokens"]))
+    ]
+    num_classes = source.num_classes
+    remap, counts = frequency_order(splits[0], num_classes)
+    train, valid, test = (remap[ids] for ids in splits)
+    vocab = [f"w{i}" for i in range(num_classes)]
+    return Corpus(name, vocab, counts, train, valid, test, entropy_rate=source.entropy_rate)
+
+
 def synthetic_corpus(
     vocab_size: int = 100,
     train_tokens: int = 200_000,
@@ -113,15 +131,4 @@ def synthetic_corpus(
     Tokens are named ``w0, w1, ...`` by frequency rank; there is no ``<eos>`` (the source has no lines).
     """
     sizes = {"train_tokens": train_tokens, "valid_tokens": valid_tokens, "test_tokens": test_tokens}
-    for key, value in sizes.items():
-        if value < 2:
-            raise DataError(f"synthetic {key} is {value}: set data.{key} to at least 2.")
-    source = ZipfMarkovSource(vocab_size, zipf_s=zipf_s, mix=mix, seed=seed)
-    splits = [
-        source.sample(length, torch.Generator().manual_seed(seed + 1_000_003 * (k + 1)))
-        for k, length in enumerate((train_tokens, valid_tokens, test_tokens))
-    ]
-    remap, counts = frequency_order(splits[0], vocab_size)
-    train, valid, test = (remap[ids] for ids in splits)
-    vocab = [f"w{i}" for i in range(vocab_size)]
-    return Corpus("synthetic", vocab, counts, train, valid, test, entropy_rate=source.entropy_rate)
+    return generated_corpus("synthetic", ZipfMarkovSource(vocab_size, zipf_s=zipf_s, mix=mix, seed=seed), sizes, seed)

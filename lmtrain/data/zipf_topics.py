@@ -30,7 +30,7 @@ from torch import Tensor
 
 from lmtrain.data.corpus import Corpus
 from lmtrain.data.errors import DataError
-from lmtrain.data.synthetic import frequency_order, zipf_probs
+from lmtrain.data.synthetic import generated_corpus, zipf_probs
 
 
 def overlaps(ends_a: Tensor, ends_b: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -183,15 +183,5 @@ def zipf_topic_corpus(
     """Train/valid/test streams from a seeded ``ZipfTopicSource`` (independent stationary samples), ids remapped
     to train-frequency order and named ``w0, w1, ...``; no ``<eos>``."""
     sizes = {"train_tokens": train_tokens, "valid_tokens": valid_tokens, "test_tokens": test_tokens}
-    for key, value in sizes.items():
-        if value < 2:
-            raise DataError(f"zipf {key} is {value}: set data.{key} to at least 2.")
     source = ZipfTopicSource(num_classes, zipf_s=zipf_s, topic_size=topic_size, mix=mix, seed=seed)
-    splits = [
-        source.sample(length, torch.Generator().manual_seed(seed + 1_000_003 * (k + 1)))
-        for k, length in enumerate((train_tokens, valid_tokens, test_tokens))
-    ]
-    remap, counts = frequency_order(splits[0], num_classes)
-    train, valid, test = (remap[ids] for ids in splits)
-    vocab = [f"w{i}" for i in range(num_classes)]
-    return Corpus("zipf", vocab, counts, train, valid, test, entropy_rate=source.entropy_rate)
+    return generated_corpus("zipf", source, sizes, seed)
