@@ -42,7 +42,7 @@ def lmtrain_round(output: str, args: argparse.Namespace, workdir: Path, index: i
             f"output={output}",
             *args.override,
             f"trainer.max_steps={args.steps}",
-            "+trainer.limit_val_batches=0",
+            "trainer.limit_val_batches=0",
             f"trainer.log_every_n_steps={args.interval}",
             "test_after_fit=false",
             "logger=csv",
