@@ -19,11 +19,13 @@ class EpochSummary(L.Callback):
     def on_validation_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         if trainer.sanity_checking:
             return
+        mean_loss = module.take_mean_train_loss() if hasattr(module, "take_mean_train_loss") else None
+        if not trainer.is_global_zero:  # one line per validation under DDP (rank 0's loss, as in the logs)
+            return
         m = trainer.callback_metrics
         parts = [f"epoch {trainer.current_epoch}", f"{trainer.global_step} steps"]
         if "val/ppl" in m:
             parts.append(f"val/ppl {float(m['val/ppl']):.2f}")
-        mean_loss = module.take_mean_train_loss() if hasattr(module, "take_mean_train_loss") else None
         if mean_loss is not None:
             parts.append(f"train/loss {mean_loss:.4f}")
         for key, fmt in (("lr", "{:.4g}"), ("tokens_per_sec", "{:,.0f}")):

@@ -6,7 +6,10 @@
   ``__main__.log``), not shown on the console.
 - Lightning's INFO records printed twice: the ``lightning`` package adds its own console handler besides the
   root logger's (Hydra's), so under Hydra that extra handler is removed and each record appears once.
-- torch's ``LeafSpec`` deprecation, raised inside Lightning's own code (nothing lmtrain can change).
+- torch's ``LeafSpec`` and ``all_gather`` deprecations, raised inside Lightning's own code (nothing lmtrain can
+  change).
+- Under DDP, Lightning's advice to log the evaluation metrics with ``sync_dist=True``: lmtrain adds up the
+  evaluation sums of all ranks itself before it logs them.
 - "Checkpoint directory ... exists and is not empty": lmtrain resumes into its own run folder on purpose (and
   refuses a folder with checkpoints unless resuming).
 """
@@ -28,7 +31,10 @@ FILE_ONLY = (
 )
 WARNINGS = (
     (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning),
+    (r"torch\.distributed\.nn\.functional\.all_gather is deprecated", FutureWarning),  # Lightning's all_gather
     (r"Checkpoint directory .* exists and is not empty", UserWarning),
+    # under DDP: the evaluation sums are reduced across ranks by lmtrain before they are logged
+    (r"It is recommended to use `self\.log\('((val|test)/(loss|ppl)|epoch|step)', \.\.\., sync_dist", UserWarning),
 )
 
 
