@@ -3,25 +3,39 @@
 from __future__ import annotations
 
 import sys
+import time
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
-from lmtrain.errors import fail, run_guarded
-from lmtrain.overrides import CONF_DIR, OverrideError, check_overrides
+from lmtrain.errors import RunFolder, fail, run_guarded
+from lmtrain.overrides import CONF_DIR, OverrideError
+from lmtrain.preflight import preflight
+
+
+def run_folder(args: list[str]) -> RunFolder:
+    """What a failed call may remove: its run folder only if this call creates it (Hydra's dated default is new
+    for every call; a hydra.run.dir from the command line must not exist yet), and with the default
+    outputs/DATE/TIME layout also the DATE and outputs folders it leaves empty."""
+    given = [a.split("=", 1)[1] for a in args if a.lstrip("+").startswith("hydra.run.dir=")]
+    return RunFolder(started=time.time(), own=not given or not Path(given[-1]).exists(), parents=0 if given else 2)
+
+
+FOLDER = run_folder(sys.argv[1:])  # before Hydra creates the folder
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
     from lmtrain.run import train
 
-    metrics = run_guarded(train, cfg)
+    metrics = run_guarded(train, cfg, FOLDER)
     return None if metrics is None else metrics.get("val/ppl_best", metrics.get("val/ppl"))
 
 
 if __name__ == "__main__":
     try:
-        check_overrides(sys.argv[1:])
+        preflight(sys.argv[1:])
     except OverrideError as err:
         fail(str(err))
     main()

@@ -3,27 +3,59 @@
 from __future__ import annotations
 
 import inspect
+import sys
+import typing
 from typing import Any
 
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig
 from torch import Tensor
 
+# the values lmtrain passes to constructors at run time (from the data and the model), never read from the config
+RUNTIME_ARGS = ("num_classes", "dim", "counts", "train_ids", "sampler")
 
-def accepted(target: str, runtime: dict[str, Any]) -> dict[str, Any]:
-    """The subset of `runtime` kwargs that `target`'s __init__ takes.
+
+def _hints(function: Any, module: str) -> dict[str, Any]:
+    """``function``'s parameter annotations as types; one that cannot be evaluated is ``Any``."""
+    try:
+        return typing.get_type_hints(function)
+    except Exception:  # e.g. a name imported only for type checkers: evaluate the annotations one by one
+        names = vars(sys.modules[module]) if module in sys.modules else {}
+        hints = {}
+        for name, param in inspect.signature(function).parameters.items():
+            annotation = param.annotation
+            if isinstance(annotation, str):
+                try:
+                    annotation = eval(annotation, dict(names))  # noqa: S307 (the library's own annotation)
+                except Exception:
+                    annotation = Any
+            hints[name] = Any if annotation is inspect.Parameter.empty else annotation
+        return hints
+
+
+def constructor_params(cls: type) -> tuple[dict[str, Any], bool]:
+    """The keyword parameters ``cls(...)`` takes, with their annotated types, and whether it takes any keyword.
 
     A constructor with ``**kwargs`` forwards them to its base class, so the named parameters along the
-    class hierarchy count, up to the first constructor without ``**kwargs``.
+    class hierarchy count, up to the first constructor without ``**kwargs``; open is True when there is none.
     """
-    names: set[str] = set()
-    for cls in get_class(target).__mro__:
-        if "__init__" not in vars(cls):
+    params: dict[str, Any] = {}
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass) or klass is object:
             continue
-        params = inspect.signature(cls.__init__).parameters
-        names |= {n for n, p in params.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
-        if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-            break
+        signature = inspect.signature(klass.__init__).parameters
+        hints = _hints(klass.__init__, klass.__module__)
+        for name, param in signature.items():
+            if name != "self" and param.kind not in (param.VAR_KEYWORD, param.VAR_POSITIONAL):
+                params.setdefault(name, hints.get(name, Any))
+        if not any(p.kind is p.VAR_KEYWORD for p in signature.values()):
+            return params, False
+    return params, True
+
+
+def accepted(target: str, runtime: dict[str, Any]) -> dict[str, Any]:
+    """The subset of `runtime` kwargs that `target`'s __init__ takes (see :func:`constructor_params`)."""
+    names = constructor_params(get_class(target))[0]
     return {k: v for k, v in runtime.items() if k in names}
 
 

@@ -1,4 +1,5 @@
-"""A CSV logger whose metrics.csv survives a resume: new rows are appended, old rows are never deleted."""
+"""A CSV logger whose metrics.csv survives a resume: new rows are appended, old rows are never deleted; and one row
+per step, also when a step's metrics arrive in several calls (lmtrain's per-step loss, then Lightning's metrics)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,16 @@ class AppendingExperimentWriter(ExperimentWriter):
         if self._fs.isfile(self.metrics_file_path):
             with self._fs.open(self.metrics_file_path, "r", newline="") as f:
                 self.metrics_keys = list(next(csv.reader(f), []))
+
+    def log_metrics(self, metrics_dict: dict[str, float], step: int | None = None) -> None:
+        """Record a row; metrics for the step of the previous (unsaved) row join that row where they agree."""
+        if isinstance(metrics_dict.get("epoch"), float) and float(metrics_dict["epoch"]).is_integer():
+            metrics_dict = {**metrics_dict, "epoch": int(metrics_dict["epoch"])}  # a logged epoch arrives as a float
+        super().log_metrics(metrics_dict, step)
+        if len(self.metrics) >= 2:
+            new, last = self.metrics[-1], self.metrics[-2]
+            if all(last[key] == value for key, value in new.items() if key in last):  # same step, same epoch
+                last.update(self.metrics.pop())
 
 
 class MetricsCSVLogger(CSVLogger):

@@ -3,14 +3,27 @@
 from __future__ import annotations
 
 import logging
+import shutil
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 from hydra.errors import InstantiationException
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 log = logging.getLogger("lmtrain")
+
+
+@dataclass
+class RunFolder:
+    """What a failed single run may clean up: its run folder when ``own`` (created by this call, which
+    ``started`` then), and up to ``parents`` of its parent folders that this leaves empty."""
+
+    started: float
+    own: bool
+    parents: int = 0
 
 
 def fail(message: str) -> None:
@@ -32,33 +45,65 @@ def in_multirun() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
-def run_guarded(train: Callable[[DictConfig], dict[str, float]], cfg: DictConfig) -> dict[str, float] | None:
+def run_guarded(
+    train: Callable[[DictConfig], dict[str, float]], cfg: DictConfig, folder: RunFolder | None = None
+) -> dict[str, float] | None:
     """Run `train`; a failure marks the W&B run failed. A known failure prints one line (single run: exit 2);
-    in a sweep every failure ends only its job (logged, with the traceback for unknown ones) and the sweep goes on."""
+    in a sweep every failure ends only its job (logged, with the traceback for unknown ones) and the sweep goes on.
+    A single run that failed before it wrote anything of value removes its run folder (see ``RunFolder``)."""
     from lmtrain.module import NonFiniteLossError
 
     try:
         return train(cfg)
     except Exception as exc:
-        mark_wandb_failed()
+        offline_wandb = mark_wandb_failed()
         cause = root_cause(exc)
         known = isinstance(cause, (ValueError, NonFiniteLossError, OmegaConfBaseException, FileNotFoundError))
         message = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+        run_dir = Path(str(cfg.run_dir))
         if isinstance(cause, NonFiniteLossError):
-            message += f"; the last good checkpoint is kept in {cfg.run_dir}/checkpoints"
+            last = run_dir / "checkpoints" / "last.ckpt"
+            kept = f"the last good checkpoint is {last}" if last.is_file() else "no checkpoint had been written yet"
+            message += f"; {kept}"
         if in_multirun():
             log.error("job failed: %s", message, exc_info=None if known else exc)
             return None
+        removed = folder is not None and folder.own and discard_run_folder(run_dir, folder)
+        if offline_wandb is not None and not removed:
+            print(f"lmtrain: W&B run saved offline; upload it with: wandb sync {offline_wandb}", flush=True)
         if not known:
             raise
         fail(message)
     return None
 
 
-def mark_wandb_failed() -> None:
-    try:
-        from lmtrain.run import finish_wandb
+def discard_run_folder(run_dir: Path, folder: RunFolder) -> bool:
+    """Remove ``run_dir`` if it holds nothing of value: no checkpoint, no metrics row, and no file older than
+    this call (so an existing folder, e.g. one being resumed, is never touched). True if it was removed."""
+    if not run_dir.is_dir():
+        return False
+    files = [p for p in run_dir.rglob("*") if not p.is_dir() or p.is_symlink()]
+    if any(p.lstat().st_mtime < folder.started or p.suffix == ".ckpt" for p in files):
+        return False
+    metrics = run_dir / "metrics.csv"
+    if metrics.is_file() and len(metrics.read_text().splitlines()) > 1:  # a header and some rows
+        return False
+    shutil.rmtree(run_dir)
+    parent = run_dir.parent
+    for _ in range(folder.parents):  # outputs/DATE and outputs, when this left them empty
+        try:
+            parent.rmdir()
+        except OSError:  # not empty
+            break
+        parent = parent.parent
+    return True
 
-        finish_wandb(exit_code=1)
+
+def mark_wandb_failed() -> Path | None:
+    """Finish this process's W&B run as failed; its folder when it was an offline run."""
+    try:
+        from lmtrain.loggers import finish_wandb
+
+        return finish_wandb(exit_code=1)
     except Exception:  # W&B bookkeeping must never hide the real error
-        pass
+        return None

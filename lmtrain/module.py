@@ -2,26 +2,24 @@
 
 from __future__ import annotations
 
-import random
-import time
 from typing import Any
 
-import lightning as L
-import numpy as np
 import torch
 from torch import Tensor, nn
 
+from lmtrain.checkpoints import get_rng_states, set_rng_states
 from lmtrain.model import State
 from lmtrain.optim import build_optimizer, clip_grad_norm
 from lmtrain.output import OutputLayer
 from lmtrain.schedule import build_scheduler
+from lmtrain.step_metrics import StepMetrics
 
 
 class NonFiniteLossError(RuntimeError):
     """Training produced a NaN or infinite loss; raised before the bad step touches the weights."""
 
 
-class LanguageModel(L.LightningModule):
+class LanguageModel(StepMetrics):
     """An encoder (tokens -> hidden) and an output strategy (hidden -> loss / exact log-prob).
 
     The LSTM state is carried across the windows of an epoch and detached (truncated BPTT); it is saved in
@@ -42,8 +40,6 @@ class LanguageModel(L.LightningModule):
         self._batches_done = 0  # training windows finished in the current epoch
         self._continue_epoch = False
         self._restore_rng: dict[str, Any] | None = None
-        self._clock: float | None = None  # when tokens_per_sec was last written
-        self._tokens = 0  # training tokens since then
 
     # --- one window ----------------------------------------------------------------------------
     def _hidden(self, inputs: Tensor, split: str) -> Tensor:
@@ -63,26 +59,12 @@ class LanguageModel(L.LightningModule):
                 f"(epoch {self.current_epoch}, batch {batch_idx}); lower optim.lr or check the data"
             )
         self._batches_done = batch_idx + 1  # read by checkpoints saved at the end of this batch
-        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
-        self._log_step_metrics(loss, inputs.numel())
+        self.log("train/loss", loss, prog_bar=True, logger=False)  # the progress bar; the loggers: _write_loss
+        self._write_loss(loss.item())
+        self._log_step_metrics(loss, inputs.numel(), self.output.loss_is_nll)
         return loss * inputs.shape[1] if self.loss_reduction == "sum" else loss
 
-    def _log_step_metrics(self, loss: Tensor, tokens: int) -> None:
-        """Perplexity, learning rate and throughput, on the steps whose metrics Lightning writes: each
-        ``self.log`` call costs milliseconds in Lightning, more than a small model's step can spare."""
-        self._tokens += tokens
-        if not _writes_step_metrics(self.trainer):
-            return
-        if self.output.loss_is_nll:  # only then is exp(loss) a perplexity
-            self.log("train/ppl", loss.detach().exp(), on_step=True, on_epoch=False, prog_bar=True)
-        self.log("lr", self.trainer.optimizers[0].param_groups[0]["lr"], on_step=True, on_epoch=False)
-        now = time.perf_counter()
-        if self._clock is not None:  # mean over the steps since the last write (validation excluded)
-            self.log("tokens_per_sec", self._tokens / (now - self._clock), on_step=True, on_epoch=False)
-        self._clock, self._tokens = now, 0
-
     def on_train_epoch_start(self) -> None:
-        self._clock = None
         if self._continue_epoch:  # resumed mid-epoch (Lightning may or may not call this hook then)
             self._continue_epoch = False
             return
@@ -105,7 +87,6 @@ class LanguageModel(L.LightningModule):
 
     def _eval_start(self, split: str) -> None:
         self._state[split] = None
-        self._clock = None  # validation time is not training throughput
         self._eval_sums = torch.zeros(2, dtype=torch.float64)
 
     def _eval_end(self, split: str) -> None:
@@ -115,6 +96,8 @@ class LanguageModel(L.LightningModule):
         mean_nll = (sums[0] / sums[1].clamp(min=1)).float()
         self.log(f"{split}/loss", mean_nll, sync_dist=False)
         self.log(f"{split}/ppl", mean_nll.exp(), prog_bar=True, sync_dist=False)
+        if split == "test":
+            self._label_test_row()
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self._eval_step(batch, "val")
@@ -239,30 +222,3 @@ class LanguageModel(L.LightningModule):
         windows = self.trainer.datamodule.num_train_windows
         limit = self.trainer.limit_train_batches
         return min(windows, limit) if isinstance(limit, int) else int(windows * (1.0 if limit is None else limit))
-
-
-def _writes_step_metrics(trainer: L.Trainer) -> bool:
-    """Whether Lightning writes on_step metrics at this training step (every ``log_every_n_steps``).
-
-    Read from Lightning's logger connector; a Lightning without it gets every step logged."""
-    connector = getattr(trainer, "_logger_connector", None)
-    return bool(getattr(connector, "should_update_logs", True) or trainer.fast_dev_run)
-
-
-def get_rng_states() -> dict[str, Any]:
-    """torch, numpy and python RNG states as tensors and ints (loadable with torch.load(weights_only=True))."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    version, internal, extra = random.getstate()
-    return {
-        "torch": torch.get_rng_state(),
-        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss)),
-        "python": (version, torch.tensor(internal, dtype=torch.int64), extra),
-    }
-
-
-def set_rng_states(states: dict[str, Any]) -> None:
-    torch.set_rng_state(states["torch"])
-    kind, keys, pos, has_gauss, gauss = states["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
-    version, internal, extra = states["python"]
-    random.setstate((version, tuple(internal.tolist()), extra))

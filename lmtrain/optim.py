@@ -3,12 +3,33 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
 _NO_SPARSE_KEYS = ("weight_decay", "momentum")  # options that would touch every output row each step
+
+
+@dataclass
+class OptimOptions:
+    """The ``optim`` keys lmtrain reads itself; every other key is passed to the torch optimizer named by ``name``
+    (``torch_optimizer``), so it must be one of that class's arguments (momentum, betas, eps, nesterov, ...)."""
+
+    name: Literal["sgd", "adagrad", "adam"]
+    lr: float
+    clip: float | None = None  # global gradient-norm clip; null = off
+    weight_decay: float = 0.0
+    sparse_lr: float | None = None  # learning rate of the sparse output rows (default lr)
+    sparse_optimizer: Literal["sparse_adam", "adagrad"] = "sparse_adam"  # adam: the optimizer of the sparse rows
+    schedule: dict[str, Any] | None = None  # lmtrain.schedule.ScheduleOptions
+
+
+def torch_optimizer(name: str) -> type[torch.optim.Optimizer] | None:
+    """The torch.optim class whose name is ``name`` up to case (sgd -> SGD, adam -> Adam), or None."""
+    found = [cls for key, cls in vars(torch.optim).items() if key.lower() == str(name).lower()]
+    return next((cls for cls in found if isinstance(cls, type)), None)
 
 
 class MixedOptimizer(torch.optim.Optimizer):

@@ -228,12 +228,13 @@ def plot_val_curves(rows: list[SummaryRow], path: str | Path) -> Path:
     sizes = sorted({r.num_samples for r in curves if r.num_samples is not None}) or [None]
     by_step = validated_within_epochs([r.run for r in curves])
     fig, axes = plt.subplots(1, len(sizes), figsize=(5.5 * len(sizes), 4.5), squeeze=False)
+    xlabel = "optimizer step" if by_step else "epochs trained"
     for ax, m in zip(axes[0], sizes, strict=True):
         for row in curves:
             if row.num_samples in (m, None):
                 ls = "--" if row.num_samples is None else "-"
                 ax.plot(*val_curve(row.run, by_step), ls=ls, marker="o", label=row.label)
-        ax.set(xlabel="optimizer step" if by_step else "epoch", ylabel="validation perplexity (exact)", yscale="log")
+        ax.set(xlabel=xlabel, ylabel="validation perplexity (exact)", yscale="log")
         ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
         ax.set_title("all runs" if m is None else f"m = {m}")
         ax.grid(True, which="both", alpha=0.3)
@@ -247,7 +248,7 @@ def save_figure(fig: Any, path: str | Path, plt: Any) -> Path:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    fig.savefig(out, dpi=120, bbox_inches="tight")  # with a legend placed outside the axes
     plt.close(fig)
     return out
 

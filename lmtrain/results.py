@@ -31,7 +31,8 @@ class RunRecord:
 
 
 def read_metrics(path: Path) -> dict[str, list[tuple[int, int, float]]]:
-    """Lightning's metrics.csv (one row per logging call, sparse columns) -> series per metric."""
+    """metrics.csv (sparse columns) -> series per metric. A run resumed from a checkpoint repeats the steps after
+    it that the interrupted run had written already: the later rows replace those."""
     series: dict[str, list[tuple[int, int, float]]] = {}
     with open(path, newline="") as f:
         for row in csv.DictReader(f):
@@ -42,7 +43,11 @@ def read_metrics(path: Path) -> dict[str, list[tuple[int, int, float]]]:
                     continue
                 number = float(value)
                 if math.isfinite(number):
-                    series.setdefault(key, []).append((step, epoch, number))
+                    rows = series.setdefault(key, [])
+                    if rows and step < rows[-1][0]:  # a resumed run redid these steps: its rows count
+                        while rows and rows[-1][0] >= step:
+                            rows.pop()
+                    rows.append((step, epoch, number))
     return series
 
 
@@ -55,3 +60,29 @@ def load_run(run_dir: str | Path) -> RunRecord:
     info_file = path / "run.json"
     info = json.loads(info_file.read_text()) if info_file.is_file() else {}
     return RunRecord(path=path, name=str(info.get("name", path.name)), info=info, series=read_metrics(metrics))
+
+
+def run_labels(runs: list[RunRecord], width: int = 40) -> list[str]:
+    """Short legend labels: a run's ``name=`` if given, else the overrides that differ between the runs (keys cut
+    to their last part: ``num_samples=100``), else its output strategy; at most ``width`` characters, distinct."""
+    overrides = [_overrides(run) for run in runs]
+    common = set.intersection(*map(set, overrides)) if overrides else set()
+    labels = []
+    for run, given in zip(runs, overrides, strict=True):
+        varying = [o for o in given if o not in common and not o.startswith(("hydra.", "ckpt_path=", "run_dir="))]
+        if any(o.startswith("name=") for o in given) or not (varying or run.info.get("output")):
+            label = run.name
+        else:
+            label = " ".join(o.split("=", 1)[0].rsplit(".", 1)[-1] + "=" + o.split("=", 1)[1] for o in varying)
+            label = label or str(run.info["output"])
+        labels.append(label if len(label) <= width else label[: width - 1] + "…")
+    pairs = zip(labels, runs, strict=True)
+    return [f"{label} ({run.path.name})" if labels.count(label) > 1 else label for label, run in pairs]
+
+
+def _overrides(run: RunRecord) -> list[str]:
+    """The command-line overrides of a run (Hydra's .hydra/overrides.yaml), [] when unknown."""
+    import yaml
+
+    saved = run.path / ".hydra" / "overrides.yaml"
+    return [str(o).lstrip("+") for o in (yaml.safe_load(saved.read_text()) or [])] if saved.is_file() else []

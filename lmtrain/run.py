@@ -5,21 +5,19 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import shutil
-import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import lightning as L
 import torch
-from hydra.utils import get_class, instantiate
+from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.loggers import Logger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
-from lmtrain.build import accepted, build, build_output
-from lmtrain.callbacks import EpochSummary
+from lmtrain.build import build, build_output
+from lmtrain.callbacks import EpochSummary, ProgressBar, ValidateAtEnd
 from lmtrain.checkpoints import (
     AtomicCheckpointIO,
     CheckpointError,
@@ -27,11 +25,13 @@ from lmtrain.checkpoints import (
     find_last,
     read_checkpoint,
 )
-from lmtrain.csv_logger import MetricsCSVLogger
 from lmtrain.data.vocab import Vocabulary
+from lmtrain.loggers import build_loggers, finish_wandb
 from lmtrain.memory import reuse_freed_memory
 from lmtrain.module import LanguageModel
+from lmtrain.noise import quiet_libraries
 from lmtrain.threads import apply_threads
+from lmtrain.validate import check_against_data, check_config
 
 log = logging.getLogger("lmtrain")
 
@@ -65,56 +65,6 @@ def resolve_ckpt(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> Path |
     if cfg.ckpt_path == "last":
         return find_last(run_dir, run_dir.parent.parent, overrides)
     return Path(str(cfg.ckpt_path)).expanduser().resolve()
-
-
-def wandb_settings(cfg: DictConfig, output_choice: str | None) -> dict[str, Any]:
-    """wandb.init arguments: group (cfg.group, else the sweep folder in a multirun) and job type (the strategy)."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    group = cfg.get("group")
-    if not group and HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
-        group = "/".join(Path(HydraConfig.get().sweep.dir).parts[-2:])  # e.g. 2026-01-31/12-00-00
-    return {
-        "group": str(group) if group else None,
-        "job_type": output_choice or str(cfg.output._target_).rsplit(".", 1)[-1],
-    }
-
-
-def build_loggers(
-    cfg: DictConfig, run_dir: Path, name: str, resume_id: str | None, output_choice: str | None = None
-) -> list[Logger]:
-    """A CSV logger (every run leaves run_dir/metrics.csv) plus the configured ones (W&B)."""
-    loggers: list[Logger] = [
-        MetricsCSVLogger(save_dir=str(run_dir), name="", version="", flush_logs_every_n_steps=10**9)
-    ]
-    for spec in (cfg.get("logger") or {}).values():
-        extra = {"name": name, "save_dir": str(run_dir)}
-        if resume_id:
-            extra.update(id=resume_id, resume="allow")
-        kwargs = accepted(spec._target_, extra)
-        if issubclass(get_class(spec._target_), WandbLogger):  # passed on to wandb.init through its **kwargs
-            kwargs.update(wandb_settings(cfg, output_choice))
-        logger = instantiate(spec, **kwargs, _convert_="all")
-        if isinstance(logger, WandbLogger):
-            logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))  # the run's resolved config
-        loggers.append(logger)
-    return loggers
-
-
-def finish_wandb(exit_code: int = 0) -> None:
-    """End this process's W&B run (so a sweep's next job starts its own); offline, print how to upload it."""
-    if "wandb" not in sys.modules:  # W&B was never started here
-        return
-    import wandb
-
-    run = wandb.run
-    if run is None:
-        return
-    folder = Path(run.dir).resolve().parent if run.settings.mode == "offline" else None  # run.dir: its files/
-    run.finish(exit_code=exit_code)
-    if folder is not None:
-        print(f"lmtrain: W&B run saved offline; upload it with: wandb sync {folder}", flush=True)
 
 
 def write_run_info(
@@ -169,6 +119,8 @@ def build_module(
 def train(cfg: DictConfig) -> dict[str, float]:
     """Train and evaluate one model; returns the final metrics (val/ppl of the best epoch, test/ppl, ...)."""
     started = time.perf_counter()
+    check_config(cfg)  # before anything starts (the command line was checked already; this covers other callers)
+    quiet_libraries()
     output_choice, overrides = hydra_context()
     run_dir = Path(str(cfg.run_dir)).resolve()
     ckpt = resolve_ckpt(cfg, run_dir, overrides)
@@ -180,6 +132,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         reuse_freed_memory()  # no page faults for each step's big buffers (lmtrain.memory)
 
     datamodule, module = build_model(cfg)
+    check_against_data(cfg, datamodule.num_train_windows)
     signature = module.signature
     if datamodule.entropy_rate is not None:  # a synthetic source: its optimum is known
         log.info(
@@ -224,6 +177,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
             enable_version_counter=False,
         ),
         EpochSummary(),
+        ValidateAtEnd(),
+        *([ProgressBar()] if cfg.progress_bar else []),
         *(instantiate(spec) for spec in (cfg.get("callbacks") or {}).values()),
     ]
     trainer: L.Trainer = instantiate(
@@ -249,12 +204,24 @@ def train(cfg: DictConfig) -> dict[str, float]:
     if cfg.test_after_fit:
         best_path = callbacks[0].best_model_path or None
         tested = trainer.test(module, datamodule=datamodule, ckpt_path=best_path, verbose=False)
-        metrics.update({k: float(v) for k, v in (tested[0] if tested else {}).items()})
+        metrics.update({k: float(v) for k, v in (tested[0] if tested else {}).items() if k not in ("epoch", "step")})
     if trainer.is_global_zero:  # one writer under DDP
         write_run_info(
             run_dir, name, output_choice, cfg, metrics, time.perf_counter() - started, datamodule.entropy_rate
         )
     for lg in loggers:
         lg.finalize("success")
-    finish_wandb()
+    offline_wandb = finish_wandb()
+    if trainer.is_global_zero:
+        if offline_wandb is not None:
+            print(f"lmtrain: W&B run saved offline; upload it with: wandb sync {offline_wandb}", flush=True)
+        print(result_line(metrics, run_dir), flush=True)
     return metrics
+
+
+def result_line(metrics: dict[str, float], run_dir: Path) -> str:
+    """'lmtrain: val ppl 227.52, test ppl 219.03 — outputs/2026-11-23/15-00-00': best validation, test, folder."""
+    val, test = metrics.get("val/ppl_best", metrics.get("val/ppl")), metrics.get("test/ppl")
+    parts = [f"{label} {value:.2f}" for label, value in (("val ppl", val), ("test ppl", test)) if value is not None]
+    shown = os.path.relpath(run_dir) if run_dir.is_relative_to(Path.cwd()) else str(run_dir)
+    return f"lmtrain: {', '.join(parts) or 'no validation or test'} — {shown}"

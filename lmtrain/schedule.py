@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
+
+
+@dataclass
+class ScheduleOptions:
+    """The keys of ``optim.schedule``."""
+
+    kind: Literal["step", "plateau", "none"] | None = "none"
+    start: int = 0  # step: epochs at the full learning rate before the decay starts
+    decay: float = 0.5  # the factor applied per epoch (step) or per plateau
+    patience: int = 0  # plateau: epochs without a val/ppl improvement before a decay
 
 
 @dataclass

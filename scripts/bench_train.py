@@ -46,7 +46,7 @@ def lmtrain_round(entry: str, args: argparse.Namespace, workdir: Path, index: in
             *args.override,
             *own,
             f"trainer.max_steps={args.steps}",
-            "+trainer.limit_val_batches=0",
+            "trainer.limit_val_batches=0",
             f"trainer.log_every_n_steps={args.interval}",
             "test_after_fit=false",
             "logger=csv",

@@ -52,3 +52,21 @@ class PoisonAtStep(L.Callback):
         if trainer.global_step == self.step:
             with torch.no_grad():
                 next(module.parameters()).fill_(float("nan"))
+
+
+class RecordProgressBar(L.Callback):
+    """Writes the training progress bar's description, total and position after the first batch to `path`."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.done = False
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if self.done:
+            return
+        import json
+        from pathlib import Path
+
+        bar = trainer.progress_bar_callback.train_progress_bar
+        Path(self.path).write_text(json.dumps({"desc": bar.desc, "total": bar.total, "n": bar.n}))
+        self.done = True

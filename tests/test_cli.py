@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ def run_cli(*args: str, cwd: Path, module: str = "lmtrain") -> subprocess.Comple
         "HF_DATASETS_OFFLINE": "1",
         "HF_HUB_OFFLINE": "1",
         "LMTRAIN_CACHE_DIR": str(cwd / "cache"),
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),  # this checkout's lmtrain
     }
     return subprocess.run(
         [sys.executable, "-m", module, *args],
@@ -35,15 +37,18 @@ def run_cli(*args: str, cwd: Path, module: str = "lmtrain") -> subprocess.Comple
     [
         (["output=bogus"], "unknown output 'bogus'"),
         (["sampler.D=1024"], "sampler.D is not an option of output=full"),
-        (["data=text", "data.path=DOES/NOT/EXIST", "logger=csv"], "DOES/NOT/EXIST"),
+        (["optim.lr=abc", "data=synthetic"], "optim.lr must be a number, got 'abc'"),
+        (["trainer.max_epoch=1"], "unknown key trainer.max_epoch: did you mean trainer.max_epochs?"),
+        (["data=text", "data.path=DOES/NOT/EXIST", "logger=csv"], "corpus folder"),
         (["ckpt_path=missing.ckpt", "data=synthetic", "logger=csv"], "missing.ckpt does not exist"),
     ],
 )
-def test_bad_input_gives_one_clear_line(tmp_path, args, expected):
-    result = run_cli(*args, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
-    assert result.returncode != 0
-    assert expected in result.stderr
-    assert "Traceback" not in result.stderr
+def test_bad_input_gives_one_clear_line_exit_2_and_leaves_no_folder(tmp_path, args, expected):
+    result = run_cli(*args, cwd=tmp_path)  # Hydra's default run folder: outputs/DATE/TIME
+    assert result.returncode == 2, result.stderr[-3000:]
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("lmtrain: error: ") and expected in line
+    assert not (tmp_path / "outputs").exists()  # a failed call leaves no empty run folder behind
 
 
 def test_short_training_run_from_the_command_line(tmp_path):
@@ -62,6 +67,12 @@ def test_short_training_run_from_the_command_line(tmp_path):
     assert (run / "metrics.csv").is_file() and (run / "checkpoints" / "last.ckpt").is_file()
     assert (run / ".hydra" / "config.yaml").is_file()
     assert (run / "vocab.tsv").read_text().startswith("word\tcount\nw0\t")
+    assert (run / "checkpoints" / "best-00.ckpt").is_file()  # validated at the end of the short run
+    last = result.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"lmtrain: val ppl \d+\.\d\d, test ppl \d+\.\d\d — run", last), last
+    for noise in ("litlogger", "LeafSpec", "GPU available", "TPU available", "`Trainer.fit` stopped"):
+        assert noise not in result.stdout + result.stderr, noise
+    assert "GPU available" in (run / "__main__.log").read_text()  # kept in the run's log file
 
 
 def test_generate_and_score_from_the_command_line(trained_run, tmp_path):

@@ -169,8 +169,11 @@ def test_missing_split_empty_file_and_unknown_corpus(tmp_path: Path) -> None:
     write_corpus(folder, " a \n", " \n \n", " a \n")
     with pytest.raises(DataError, match="has no tokens"):
         TextDataModule(name="part", path=str(folder), cache_dir=None, **SMALL).setup()
-    with pytest.raises(DataError, match="unknown corpus 'nope'"):
+    with pytest.raises(DataError, match=r"corpus folder .*nope does not exist, and data=nope has no download"):
         TextDataModule(name="nope", root=str(tmp_path), cache_dir=None, **SMALL).setup()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match=r"empty holds none of train\.txt, valid\.txt, test\.txt"):
+        TextDataModule(name="text", path=str(tmp_path / "empty"), cache_dir=None, **SMALL).setup()
     assert issubclass(DataError, ValueError)
 
 

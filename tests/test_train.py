@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import math
 
 import pytest
 import torch
 
 from lmtrain.checkpoints import CheckpointError
+from lmtrain.errors import run_guarded
 from lmtrain.module import NonFiniteLossError
 from lmtrain.run import train
 from tests.helpers import SimulatedCrash
@@ -49,6 +51,35 @@ def test_training_lowers_val_ppl_toward_the_entropy_bound(tiny_config, tmp_path)
     assert speed_steps and all((step + 1) % 20 == 0 for step in speed_steps)
     assert all(float(r["tokens_per_sec"]) > 0 for r in rows if "tokens_per_sec" in r)
     assert {int(r["step"]) for r in rows if "lr" in r} >= set(speed_steps)
+    # the loss at every step, one row per step (with the step's other metrics), epochs counted from 0 everywhere
+    loss_steps = [int(r["step"]) for r in rows if "train/loss" in r]
+    assert loss_steps == list(range(3 * 188))
+    assert {int(r["epoch"]) for r in rows if "train/loss" in r} == {0, 1, 2}
+    [test_row] = [r for r in rows if "test/ppl" in r]
+    assert (test_row["epoch"], test_row["step"]) == ("2", str(3 * 188 - 1))  # the last training step's row
+
+
+def test_short_run_validates_at_its_end_and_writes_the_loss_every_step(tiny_config, tmp_path, recwarn, caplog):
+    """trainer.max_steps inside the first epoch: still a val/ppl, a best checkpoint and a test row labelled with
+    the epoch the run stopped in; throughput also when validation runs every log_every_n_steps steps."""
+    caplog.set_level(logging.INFO)
+    cfg = tiny_config("trainer.max_steps=40", "trainer.val_check_interval=10", "trainer.log_every_n_steps=10")
+    metrics = train(cfg)
+    run = tmp_path / "run"
+    assert "val/ppl_best" in metrics and math.isfinite(metrics["test/ppl"])
+    assert [p.name for p in (run / "checkpoints").glob("best-*.ckpt")] == ["best-00.ckpt"]
+    rows = csv_rows(run / "metrics.csv")
+    header = (run / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert "train/loss" in header and not any(k.startswith("train/loss_") for k in header)
+    assert [int(r["step"]) for r in rows if "train/loss" in r] == list(range(40))
+    assert [int(r["step"]) for r in rows if "val/ppl" in r] == [9, 19, 29, 39]
+    assert len([r for r in rows if "tokens_per_sec" in r]) == 3  # every write after the first interval
+    [test_row] = [r for r in rows if "test/ppl" in r]
+    assert (test_row["epoch"], test_row["step"]) == ("0", "39")
+    assert "epoch 0 | 40 steps | val/ppl" in caplog.text
+    noise = ("monitored key", "LeafSpec", "not resumable")
+    assert not [str(w.message) for w in recwarn if any(n in str(w.message) for n in noise)]
+    assert "litlogger" not in caplog.text
 
 
 @pytest.mark.parametrize("crash_after", [13, 45])  # 31 windows per epoch: in epoch 1, and in epoch 2
@@ -87,6 +118,17 @@ def test_resume_mid_epoch_matches_uninterrupted_run(tiny_config, tmp_path, crash
     assert rows_before and rows_after[: len(rows_before)] == rows_before  # resumed run appended; nothing lost
 
 
+def test_resumed_run_shows_its_epoch_in_the_progress_bar_and_is_resumable(tiny_config, tmp_path, recwarn):
+    common = ["trainer.max_epochs=1", "checkpoint_every_n_steps=4", "test_after_fit=false", "data.train_tokens=10000"]
+    with pytest.raises(SimulatedCrash):
+        train(tiny_config(*common, "+callbacks.crash._target_=tests.helpers.CrashAtStep", "+callbacks.crash.step=13"))
+    bar = tmp_path / "bar.json"
+    record = ["+callbacks.bar._target_=tests.helpers.RecordProgressBar", f"+callbacks.bar.path={bar}"]
+    train(tiny_config(*common, "ckpt_path=last", "progress_bar=true", *record))
+    assert json.loads(bar.read_text()) == {"desc": "Epoch 0: ", "total": 32, "n": 13}  # resumed after 12 of 32
+    assert not [w for w in recwarn if "not resumable" in str(w.message)]
+
+
 def test_existing_run_folder_is_not_overwritten(tiny_config, tmp_path):
     cfg = tiny_config("trainer.max_steps=3", "test_after_fit=false")
     train(cfg)
@@ -122,6 +164,16 @@ def test_nan_loss_stops_with_step_and_keeps_last_good_checkpoint(tiny_config, tm
     ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["global_step"] == 4  # the last checkpoint before the weights went bad
     assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values())
+
+
+def test_nan_before_the_first_checkpoint_says_so(tiny_config, tmp_path, capsys):
+    poison = ["+callbacks.poison._target_=tests.helpers.PoisonAtStep", "+callbacks.poison.step=2"]
+    with pytest.raises(SystemExit) as stop:
+        run_guarded(train, tiny_config("trainer.max_steps=50", "test_after_fit=false", *poison))
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "global step 2" in err and err.endswith("no checkpoint had been written yet")
+    assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 def test_non_finite_weights_are_never_checkpointed(tiny_config, tmp_path):

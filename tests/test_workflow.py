@@ -49,9 +49,10 @@ TINY = [
 WINDOWS_PER_EPOCH = 32
 
 
-def cli_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+def cli_env(tmp_path: Path, **extra: str | None) -> dict[str, str]:
+    """The environment of a command-line run: offline, one thread, this checkout; ``extra`` (None: unset)."""
     inherited = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}  # W&B started in this process
-    return {
+    env: dict[str, str | None] = {
         **inherited,
         "WANDB_MODE": "disabled",
         "WANDB_SILENT": "true",
@@ -60,15 +61,16 @@ def cli_env(tmp_path: Path, **extra: str) -> dict[str, str]:
         "OMP_NUM_THREADS": "1",  # processes run side by side on few cores; also the same arithmetic in every run
         "LMTRAIN_CACHE_DIR": str(tmp_path / "cache"),
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),  # tests.helpers callbacks
-        **extra,
     }
+    env.update(extra)
+    return {k: v for k, v in env.items() if v is not None}
 
 
 def lmtrain(*args: str) -> list[str]:
     return [sys.executable, "-m", "lmtrain", *args]
 
 
-def run_cli(args: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+def run_cli(args: list[str], tmp_path: Path, **env: str | None) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
         lmtrain(*args), cwd=tmp_path, env=cli_env(tmp_path, **env), capture_output=True, text=True, timeout=400
     )
@@ -145,7 +147,8 @@ def test_multirun_gives_one_wandb_run_per_job_and_a_summary(tmp_path):
             *TINY,
             "logger=wandb",
             "output=uniform",
-            "output.num_samples=4,16,0",  # the last job fails: m must be positive
+            "output.num_samples=4,16,100",  # the last job fails when it sees the data: 100 classes, m distinct
+            "output.unique=true",
             "optim=adam",
             "optim.lr=0.01",
             "loss_reduction=mean",
@@ -155,10 +158,13 @@ def test_multirun_gives_one_wandb_run_per_job_and_a_summary(tmp_path):
         ],
         tmp_path,
         WANDB_MODE="offline",
+        WANDB_SILENT=None,  # lmtrain's own W&B console settings
     )
     *jobs, failed = sorted(p for p in sweep.iterdir() if p.is_dir())
     assert [p.name for p in jobs] == ["0", "1"] and failed.name == "2"
-    assert "output.num_samples must be a positive number" in (failed / "__main__.log").read_text()
+    assert "output.unique=true needs num_samples < num_classes (100)" in (failed / "__main__.log").read_text()
+    for noise in ("anonymous setting", "wandb: ", "litlogger", "LeafSpec"):  # W&B and Lightning stay quiet
+        assert noise not in result.stdout + result.stderr, noise
     run_ids = set()
     for job, m in zip(jobs, (4, 16), strict=True):
         info = run_info(job)
@@ -184,7 +190,7 @@ def test_multirun_gives_one_wandb_run_per_job_and_a_summary(tmp_path):
     assert summarize.main([str(sweep), "--out", str(out)]) == 0
     table = (out / "summary.md").read_text()
     *rows, failed_row = [line for line in table.splitlines() if line.startswith("| ") and "uniform" in line]
-    assert failed_row.startswith("| 2 (failed or unfinished) | uniform | UniformSampler | - | 0 | - | - |")
+    assert failed_row.startswith("| 2 (failed or unfinished) | uniform | UniformSampler | - | 100 | - | - |")
     assert "2 of 3 jobs finished" in table
     for row, job in zip(rows, jobs, strict=True):
         cells = [c.strip() for c in row.strip("|").split("|")]
@@ -210,7 +216,7 @@ def test_a_failing_sweep_job_is_marked_failed_in_wandb_and_returns(tiny_config, 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setattr("lmtrain.errors.in_multirun", lambda: True)
     breaks = {
-        "known": ["optim.name=bogus"],  # a ValueError when the trainer builds the optimizer
+        "known": ["+callbacks.nan._target_=tests.helpers.PoisonAtStep", "+callbacks.nan.step=2"],  # a NaN loss
         "unexpected": ["+callbacks.crash._target_=tests.helpers.CrashAtStep", "+callbacks.crash.step=2"],
     }[failure]
     cfg = tiny_config("logger=wandb", "trainer.max_steps=30", "data.train_tokens=10000", *breaks)

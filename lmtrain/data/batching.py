@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from typing import Any
 
 from torch import Tensor
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from lmtrain.data.errors import DataError
 
@@ -119,3 +120,16 @@ class StreamSampler(Sampler[int]):
                 f"{self.num_windows}: resume with the same data, batch_size and bptt."
             )
         self.set_start(state["start"])
+
+
+class StreamLoader(DataLoader):
+    """The training loader. Lightning calls a loader with ``state_dict`` / ``load_state_dict`` resumable, and warns
+    on a mid-epoch resume of any other. The position itself is restored by ``LanguageModel.on_load_checkpoint``
+    (``StreamSampler.set_start`` from the training loop's own batch counter, because the loader runs a window
+    ahead of training), so this state only records the layout and loading it changes nothing."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"windows_per_epoch": len(self.sampler)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Nothing to restore here (see the class docstring)."""

@@ -11,7 +11,7 @@ from hydra.utils import to_absolute_path
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from lmtrain.data.batching import StreamSampler, WindowDataset, batchify, shard_rows
+from lmtrain.data.batching import StreamLoader, StreamSampler, WindowDataset, batchify, shard_rows
 from lmtrain.data.corpus import Corpus
 from lmtrain.data.errors import DataError
 from lmtrain.data.synthetic import synthetic_corpus
@@ -96,9 +96,10 @@ class LMDataModule(L.LightningDataModule):
         rank, world_size = self._rank()
         data = shard_rows(batchify(ids, batch_size, split), rank, world_size, key)  # (B / world, L)
         dataset = WindowDataset(data, self.bptt)
+        loader = DataLoader if sampler is None else StreamLoader  # the training loader resumes mid-epoch
         sampler = sampler if sampler is not None else StreamSampler(len(dataset))
         # its own generator: creating an iterator must not draw from the global RNG (exact resume)
-        return DataLoader(dataset, batch_size=None, sampler=sampler, num_workers=0, generator=torch.Generator())
+        return loader(dataset, batch_size=None, sampler=sampler, num_workers=0, generator=torch.Generator())
 
     def train_dataloader(self) -> DataLoader:
         self.setup()

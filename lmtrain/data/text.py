@@ -123,10 +123,10 @@ def ensure_corpus(folder: Path, name: str, source: HubSource | None, cache_dir: 
     files = ", ".join(f"{s}.txt" for s in SPLITS)
     if len(missing) == len(SPLITS):
         if source is None:
+            state = "does not exist" if not folder.is_dir() else f"holds none of {files}"
             raise DataError(
-                f"unknown corpus {name!r}: {folder} has none of {files} and there is no download for it; "
-                f"put {files} there, or use data=ptb|wikitext2|wikitext103|synthetic, "
-                "or data=text data.path=DIR for any folder that has them."
+                f"corpus folder {folder} {state}, and data={name} has no download: put {files} there, or point "
+                "data.path at a folder that has them (or use data=ptb|wikitext2|wikitext103|synthetic)."
             )
         download(source, folder, cache_dir, name)
     elif missing:
