@@ -116,8 +116,8 @@ def test_data_zipf_config_builds_the_datamodule():
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         data = compose(overrides=["+data=zipf"]).data
-        assert data.num_classes == 100_000 and data.train_tokens == 1_000_000 and data.name == "zipf"
-        small = ["+data=zipf", "data.num_classes=3000", "data.train_tokens=20000", "data.valid_tokens=2000"]
+        assert data.vocab_size == 100_000 and data.train_tokens == 1_000_000 and data.name == "zipf"
+        small = ["+data=zipf", "data.vocab_size=3000", "data.train_tokens=20000", "data.valid_tokens=2000"]
         dm = instantiate(compose(overrides=[*small, "data.test_tokens=2000"]).data)
     assert isinstance(dm, ZipfDataModule) and isinstance(dm, LMDataModule)
     dm.setup()

@@ -179,7 +179,7 @@ class SyntheticDataModule(LMDataModule):
 
 
 class ZipfDataModule(LMDataModule):
-    """Tokens from a seeded large-vocabulary Markov source (:mod:`lmtrain.data.zipf_topics`): ``num_classes`` types
+    """Tokens from a seeded large-vocabulary Markov source (:mod:`lmtrain.data.zipf_topics`): ``vocab_size`` types
     with an exactly Zipfian marginal, next-token distributions specific to each token's topics, O(n) memory, and
     an exact ``entropy_rate``. Generated in memory on every setup (about a second for 10^5 types and 1.2M tokens,
     a few seconds for 10^6 types); ``cache_dir`` is accepted, like in every data config, and unused.
@@ -187,7 +187,7 @@ class ZipfDataModule(LMDataModule):
 
     def __init__(
         self,
-        num_classes: int = 100_000,
+        vocab_size: int = 100_000,
         train_tokens: int = 1_000_000,
         valid_tokens: int = 100_000,
         test_tokens: int = 100_000,
@@ -204,7 +204,7 @@ class ZipfDataModule(LMDataModule):
         super().__init__(batch_size, bptt, eval_batch_size)
         self.name = name
         sizes = dict(
-            num_classes=num_classes, train_tokens=train_tokens, valid_tokens=valid_tokens, test_tokens=test_tokens
+            num_classes=vocab_size, train_tokens=train_tokens, valid_tokens=valid_tokens, test_tokens=test_tokens
         )
         self.options = dict(**sizes, zipf_s=zipf_s, topic_size=topic_size, mix=mix, seed=seed)
 
