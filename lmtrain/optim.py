@@ -1,4 +1,4 @@
-"""Optimizers and gradient clipping that handle sparse row gradients (DESIGN §5)."""
+"""Optimizers and gradient clipping that handle sparse row gradients (docs/strategies.md, sparse row updates)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""KernelTree: exact log q, draws that follow it, sparse updates equal to a rebuild (DESIGN §3)."""
+"""KernelTree: exact log q, draws that follow it, sparse updates equal to a rebuild (docs/strategies.md)."""
 
 from __future__ import annotations
 

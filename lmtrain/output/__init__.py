@@ -1,4 +1,4 @@
-"""Output strategies: one file each, all behind ``OutputLayer`` (DESIGN §2)."""
+"""Output strategies: one file each, all behind ``OutputLayer`` (docs/architecture.md)."""
 
 from lmtrain.output.adaptive import AdaptiveSoftmax
 from lmtrain.output.base import OutputLayer

@@ -1,4 +1,4 @@
-"""The interface every output strategy implements (DESIGN §2)."""
+"""The interface every output strategy implements (docs/architecture.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Hierarchical softmax over a class tree (DESIGN §3): exact probabilities in O(log n) per position."""
+"""Hierarchical softmax over a class tree (docs/strategies.md): exact probabilities in O(log n) per position."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Noise-contrastive estimation (Gutmann & Hyvärinen; Mnih & Teh 2012), self-normalized (DESIGN §3)."""
+"""Noise-contrastive estimation (Gutmann & Hyvärinen; Mnih & Teh 2012), self-normalized (docs/strategies.md)."""
 
 from __future__ import annotations
 

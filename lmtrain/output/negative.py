@@ -1,4 +1,4 @@
-"""Negative sampling (Mikolov et al. 2013): logistic regression of the target against noise (DESIGN §3)."""
+"""Negative sampling (Mikolov et al. 2013): logistic regression of the target against noise (docs/strategies.md)."""
 
 from __future__ import annotations
 

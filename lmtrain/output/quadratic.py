@@ -8,7 +8,7 @@ from lmtrain.output.sampled import SampledSoftmax
 
 
 class AbsoluteSampledSoftmax(SampledSoftmax):
-    """Sampled softmax over absolute logits |o_i| = |[h, 1] . [w_i, b_i]| (DESIGN §3, ``output=quadratic``).
+    """Sampled softmax over absolute logits |o_i| = |[h, 1] . [w_i, b_i]| (docs/strategies.md, ``output=quadratic``).
 
     The quadratic kernel alpha o^2 + 1 tracks exp(|o|) far better than exp(o), so this model is the
     one the quadratic proposal is paired with; training and exact evaluation both use |o|

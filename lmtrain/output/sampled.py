@@ -1,4 +1,4 @@
-"""Sampled softmax with the exact proposal correction of DESIGN §3."""
+"""Sampled softmax with the exact proposal correction of docs/strategies.md."""
 
 from __future__ import annotations
 

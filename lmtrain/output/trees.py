@@ -1,4 +1,4 @@
-"""Class trees for the hierarchical softmax (DESIGN §3): Huffman, balanced, and two-level class bins.
+"""Class trees for the hierarchical softmax (docs/strategies.md): Huffman, balanced, and two-level class bins.
 
 The binary trees (``huffman_tree``, ``balanced_tree``) return ``TreePaths``: for every class the padded
 root-to-leaf path of internal node ids, the branch sign taken at each node (+1 = left, -1 = right) and a

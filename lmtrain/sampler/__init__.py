@@ -1,4 +1,4 @@
-"""Proposal distributions behind ``Sampler`` (DESIGN §2)."""
+"""Proposal distributions behind ``Sampler`` (docs/architecture.md)."""
 
 from lmtrain.sampler.base import Sampler
 from lmtrain.sampler.bigram import BigramSampler

@@ -1,4 +1,4 @@
-"""The interface every proposal distribution implements (DESIGN §2)."""
+"""The interface every proposal distribution implements (docs/architecture.md)."""
 
 from __future__ import annotations
 

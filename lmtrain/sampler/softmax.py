@@ -16,7 +16,7 @@ class SoftmaxSampler(Sampler):
 
     ``update`` keeps a reference to the weight it is given (no copy), so q always follows the live
     parameters. Every call costs a full (N, n) product: this is the reference that makes sampled
-    softmax exact (DESIGN §3), not a fast proposal.
+    softmax exact (docs/strategies.md), not a fast proposal.
     """
 
     per_example = True

@@ -1,4 +1,4 @@
-"""Feature maps phi with K(a, b) = <phi(a), phi(b)> for the kernel proposals (DESIGN §3)."""
+"""Feature maps phi with K(a, b) = <phi(a), phi(b)> for the kernel proposals (docs/strategies.md)."""
 
 from __future__ import annotations
 

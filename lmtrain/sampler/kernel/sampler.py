@@ -1,4 +1,4 @@
-"""Kernel proposals q_i ∝ K(h, w_i), sampled from a tree kept current after every step (DESIGN §3)."""
+"""Kernel proposals q_i ∝ K(h, w_i), sampled from a tree kept current after every step (docs/strategies.md)."""
 
 from __future__ import annotations
 
