@@ -79,7 +79,7 @@ def test_uniform_proposal_gradient_is_biased_at_small_m():
 
 
 def reference_loss(layer, hidden, target, ids, log_q_all, exact: bool, remove_hits: bool) -> torch.Tensor:
-    """The exact correction (docs/strategies.md) written out on the full logit matrix, for given negatives and a context-free q."""
+    """The exact correction (docs/strategies.md) on the full logit matrix, for given negatives and a context-free q."""
     logits = full_logits(layer, hidden).detach()  # (N, n)
     ids = ids.expand(hidden.shape[0], -1) if ids.dim() == 1 else ids  # (N, m)
     m = ids.shape[1]

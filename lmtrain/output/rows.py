@@ -1,4 +1,4 @@
-"""Row gathers whose gradient is a sparse tensor of the whole parameter's shape (docs/strategies.md, sparse row updates)."""
+"""Row gathers whose gradient is a sparse tensor of the whole parameter's shape (docs/strategies.md)."""
 
 from __future__ import annotations
 
