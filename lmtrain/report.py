@@ -6,6 +6,7 @@ Used by ``scripts/summarize.py``; reads only what runs leave on disk (metrics.cs
 from __future__ import annotations
 
 import math
+import os
 import re
 import statistics
 from collections.abc import Iterable
@@ -48,8 +49,11 @@ def _natural_key(path: Path) -> list[Any]:
 def find_runs(root: str | Path) -> list[RunRecord]:
     """Every job folder under ``root`` (holding metrics.csv or .hydra/), in job order; unfinished jobs included."""
     root = Path(root)
-    folders = {p.parent for p in root.glob("**/metrics.csv")} | {p.parent for p in root.glob("**/.hydra")}
-    folders = {f for f in folders if "wandb" not in f.relative_to(root).parts}
+    folders = set()
+    for here, dirs, files in os.walk(root, followlinks=True):  # symlinked run folders count: pick runs by linking
+        if "metrics.csv" in files or ".hydra" in dirs:
+            folders.add(Path(here))
+        dirs[:] = [d for d in dirs if d != "wandb" and d != ".hydra"]
     runs = []
     for folder in sorted(folders, key=_natural_key):
         if (folder / "metrics.csv").is_file():
@@ -97,14 +101,16 @@ def _fmt_option(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def summarize(runs: Iterable[RunRecord]) -> list[SummaryRow]:
-    """One row per job; ``options`` lists the output/sampler values that differ between the jobs given."""
+def summarize(runs: Iterable[RunRecord], hide: Iterable[str] = ()) -> list[SummaryRow]:
+    """One row per job; ``options`` lists the output/sampler values that differ between the jobs given (except
+    the option names in ``hide``, e.g. ``shared_negatives`` when every job drew its negatives the same way)."""
     runs = list(runs)
     jobs = [_job_config(run) for run in runs]
     options = [_options(job) for job in jobs]
     keys = sorted({k for opts in options for k in opts})
     # an option is shown where it differs between the jobs that have it (strategy names tell the rest apart)
-    varying = [k for k in keys if len({repr(o[k]) for o in options if k in o}) > 1 and k != "sampler.seed"]
+    hidden = {"seed", *hide}
+    varying = [k for k in keys if len({repr(o[k]) for o in options if k in o}) > 1 and k.split(".", 1)[1] not in hidden]
     rows = []
     for run, job, opts in zip(runs, jobs, options, strict=True):
         metrics = run.info.get("metrics") or {}
@@ -182,7 +188,7 @@ def plot_ppl_vs_samples(rows: list[SummaryRow], path: str | Path, metric: str = 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     use_test = metric == "test" and any(r.test_ppl is not None for r in rows)
     score = [(r, r.test_ppl if use_test else r.best_val_ppl) for r in rows]
-    score = [(r, s) for r, s in score if s is not None and math.isfinite(s)]
+    score = [(r, s) for r, s in score if r.finished and s is not None and math.isfinite(s)]  # final values only
     for label in sorted({r.label for r, _ in score if r.num_samples is not None}):
         points = [(r.num_samples, s) for r, s in score if r.label == label and r.num_samples is not None]
         sizes = sorted({m for m, _ in points})

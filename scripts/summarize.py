@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--outputs", default=None, help="keep only these strategies (comma list, e.g. full,rff)")
     parser.add_argument("--num-samples", type=int, default=None, help="keep only this m (and strategies without m)")
     parser.add_argument("--metric", choices=("test", "val"), default="test", help="perplexity plotted against m")
+    parser.add_argument("--hide", default="", help="option names left out of the labels (comma list)")
     args = parser.parse_args(argv)
 
     if not args.sweep.is_dir():
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = args.out or args.sweep
     out.mkdir(parents=True, exist_ok=True)
-    rows = summarize(runs)
+    rows = summarize(runs, hide=[h for h in args.hide.split(",") if h])
     if args.outputs:
         rows = [row for row in rows if row.strategy in args.outputs.split(",")]
     if args.num_samples is not None:

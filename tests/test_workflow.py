@@ -149,6 +149,7 @@ def test_multirun_gives_one_wandb_run_per_job_and_a_summary(tmp_path):
             "output=uniform",
             "output.num_samples=4,16,100",  # the last job fails when it sees the data: 100 classes, m distinct
             "output.unique=true",
+            "output.shared_negatives=true",  # distinct draws are shared by the batch
             "optim=adam",
             "optim.lr=0.01",
             "loss_reduction=mean",
