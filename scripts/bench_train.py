@@ -138,10 +138,11 @@ def main(argv: list[str] | None = None) -> dict:
         "ratio_to_full": {k: v / median["full"] for k, v in median.items()} if "full" in median else {},
         "lmtrain_full_over_plain": median["full"] / median["plain_full"] if "full" in median else None,
     }
-    print(f"{'output':<12} {'tokens/s':>10} {'x full':>8}")
+    width = max(12, *(len(key) for key in median))
+    print(f"{'output':<{width}} {'tokens/s':>10} {'x full':>8}")
     for key, value in median.items():
         ratio = result["ratio_to_full"].get(key)
-        print(f"{key:<12} {value:>10,.0f} {ratio:>8.2f}" if ratio else f"{key:<12} {value:>10,.0f}")
+        print(f"{key:<{width}} {value:>10,.0f} {ratio:>8.2f}" if ratio else f"{key:<{width}} {value:>10,.0f}")
     if result["lmtrain_full_over_plain"]:
         print(f"lmtrain full / plain PyTorch loop: {result['lmtrain_full_over_plain']:.3f}")
     if args.json:
