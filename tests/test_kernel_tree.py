@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import scipy.stats
 import torch
 from scipy.stats import chisquare
 
@@ -158,3 +159,24 @@ def test_bad_settings_raise_value_errors():
     with pytest.raises(ValueError, match="temperature"):
         RandomFourierFeatures(temperature=0.0)
     assert RandomFourierFeatures(nu=9.0, temperature=0.5).nu == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize("kind", ["quadratic", "rff"])
+def test_dense_draws_follow_the_same_q_as_the_walk(kind):
+    """sample_dense draws from exp(log_q_all), the walk's own q, and returns log q equal to the walk's log_q."""
+    torch.manual_seed(11)
+    features = QuadraticFeatures() if kind == "quadratic" else RandomFourierFeatures(D=32, seed=0)
+    tree = KernelTree(features, leaf_size=4)
+    tree.rebuild(torch.randn(37, 5) * 0.5)
+    query = torch.randn(2, 5)
+    ids, log_q = tree.sample_dense(query, 20_000)
+    torch.testing.assert_close(log_q, tree.log_q(query, ids), rtol=1e-4, atol=1e-4)
+    expected = tree.log_q_all(query).exp().double()  # (2, 37)
+    for row in range(2):
+        counts = torch.bincount(ids[row], minlength=37).double()
+        keep = expected[row] * 20_000 >= 5
+        observed = torch.cat([counts[keep], counts[~keep].sum().view(1)])
+        wanted = torch.cat([expected[row][keep], expected[row][~keep].sum().view(1)]) * 20_000
+        statistic = ((observed - wanted) ** 2 / wanted.clamp_min(1e-9)).sum().item()
+        assert scipy.stats.chi2.sf(statistic, observed.numel() - 1) > 1e-4
+    assert tree.dense_draw_pays(400, 1000) and not tree.dense_draw_pays(10**7, 1000)  # memory-bounded

@@ -57,7 +57,10 @@ class KernelSampler(Sampler):
         self._drawn_since_rebuild = True
         if self.shared:
             return self.tree.sample_mixture(self.mixture_query(hidden), num_samples)  # (m,) each
-        return self.tree.sample(self._context(hidden), num_samples)  # (N, m) each
+        query = self._context(hidden)
+        if self.tree.dense_draw_pays(query.shape[0], num_samples):  # small n: every class's q, then draw (same q)
+            return self.tree.sample_dense(query, num_samples)  # (N, m) each
+        return self.tree.sample(query, num_samples)  # (N, m) each
 
     def log_q(self, hidden: Tensor | None, ids: Tensor, inputs: Tensor | None = None) -> Tensor:
         if self.shared:
