@@ -94,6 +94,8 @@ def _options(job: dict[str, Any]) -> dict[str, Any]:
     """Flat output and sampler options of one job, m left out (it is a column and the x axis of its own)."""
     flat = {f"output.{k}": v for k, v in job["output_options"].items() if k != "num_samples"}
     flat.update({f"sampler.{k}": v for k, v in job["sampler"].items() if not k.startswith("_")})
+    if job["sampler"].get("_target_"):  # shown where one strategy ran with several proposals
+        flat["sampler.proposal"] = str(job["sampler"]["_target_"]).rsplit(".", 1)[-1].removesuffix("Sampler").lower()
     return flat
 
 
