@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,6 +50,13 @@ def read_metrics(path: Path) -> dict[str, list[tuple[int, int, float]]]:
                             rows.pop()
                     rows.append((step, epoch, number))
     return series
+
+
+def training_throughput(run_dir: str | Path, warmup: int) -> float:
+    """Tokens per second of a run's training after ``warmup`` steps: total tokens over total time, from the
+    ``tokens_per_sec`` values in its metrics.csv (each the mean over an equal number of steps)."""
+    rates = [v for step, _, v in read_metrics(Path(run_dir) / "metrics.csv")["tokens_per_sec"] if step >= warmup]
+    return statistics.harmonic_mean(rates)  # equal tokens per interval: total tokens / total time
 
 
 def load_run(run_dir: str | Path) -> RunRecord:

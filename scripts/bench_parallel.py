@@ -18,19 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from lmtrain.results import read_metrics
+from lmtrain.results import training_throughput
 from lmtrain.threads import usable_cores
-
-
-def job_rate(run_dir: Path, warmup: int) -> float:
-    rates = [v for step, _, v in read_metrics(run_dir / "metrics.csv")["tokens_per_sec"] if step >= warmup]
-    return statistics.harmonic_mean(rates)  # equal tokens per interval: total tokens / total time
 
 
 def launch(args: argparse.Namespace, extra: list[str]) -> None:
@@ -65,13 +59,13 @@ def main(argv: list[str] | None = None) -> dict:
     result: dict = {"cores": cores, "steps": args.steps, "overrides": args.override}
     with tempfile.TemporaryDirectory() as tmp:
         launch(args, [f"hydra.run.dir={tmp}/alone"])
-        result["alone"] = job_rate(Path(tmp) / "alone", args.warmup)
+        result["alone"] = training_throughput(Path(tmp) / "alone", args.warmup)
         modes = {"auto": "threads=auto"} | ({"oversubscribed": f"threads={cores}"} if args.contrast else {})
         for mode, threads in modes.items():
             sweep = Path(tmp) / mode
             pair = ["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "seed=1,2", threads]
             launch(args, [*pair, f"hydra.sweep.dir={sweep}"])
-            rates = [job_rate(sweep / str(job), args.warmup) for job in (0, 1)]
+            rates = [training_throughput(sweep / str(job), args.warmup) for job in (0, 1)]
             result[mode] = {"jobs": rates, "sum": sum(rates), "sum_over_alone": sum(rates) / result["alone"]}
     print(f"cores {cores}; one job alone: {result['alone']:,.0f} tokens/s")
     for mode in modes:

@@ -30,7 +30,7 @@ from hydra.utils import instantiate
 
 from lmtrain.memory import reuse_freed_memory
 from lmtrain.overrides import compose_config
-from lmtrain.results import read_metrics
+from lmtrain.results import training_throughput
 from lmtrain.run import train
 
 
@@ -57,8 +57,7 @@ def lmtrain_round(entry: str, args: argparse.Namespace, workdir: Path, index: in
         ]
     )
     train(cfg)
-    rates = [v for step, _, v in read_metrics(run_dir / "metrics.csv")["tokens_per_sec"] if step >= args.warmup]
-    return statistics.harmonic_mean(rates)  # equal tokens per interval: total tokens / total time
+    return training_throughput(run_dir, args.warmup)
 
 
 def plain_round(args: argparse.Namespace) -> float:
