@@ -62,8 +62,8 @@ class NegativeSampling(SampledSoftmax):
         return target_score, noise_score
 
     def loss(self, hidden: Tensor, target: Tensor, inputs: Tensor | None = None) -> Tensor:
-        ids, log_q, _ = self.draw(hidden, inputs)
-        query = self.query(hidden)  # (N, d')
+        query = self.query(hidden)  # (N, d'), built once for the draw and the scores
+        ids, log_q, _ = self.draw(hidden, inputs, query)
         target_score = self.query_scores(query, target.unsqueeze(1))  # (N, 1)
         noise_score = self.query_scores(query, ids)  # (N, m)
         target_logit, noise_logit = self.classifier_logits(query, target, target_score, log_q, noise_score, inputs)

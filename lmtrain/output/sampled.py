@@ -148,10 +148,13 @@ class SampledSoftmax(OutputLayer):
         return torch.log_softmax(self.score(self.query(hidden), self.weight), dim=1)  # (N, n), the same scores
 
     # --- training -------------------------------------------------------------------------------
-    def draw(self, hidden: Tensor, inputs: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+    def draw(
+        self, hidden: Tensor, inputs: Tensor | None = None, query: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
         """Negatives: ids (m,) shared or (N, m) per example, their log q, and for unique draws the number of
-        tries. The sampler gets the query vectors (N, d') and the input tokens ``inputs`` (N,) as context."""
-        context = self.query(hidden).detach()  # (N, d'); context-free samplers ignore it
+        tries. The sampler gets the query vectors (N, d') (``query``, when the caller has built them already) and
+        the input tokens ``inputs`` (N,) as context."""
+        context = (self.query(hidden) if query is None else query).detach()  # (N, d'); context-free samplers ignore it
         if self.unique:
             return draw_unique(self.sampler, self.num_samples, context, inputs)
         if self.sampler.per_example or self.shared_negatives:  # (N, m) per example, or (m,) for the batch
@@ -161,8 +164,8 @@ class SampledSoftmax(OutputLayer):
         return ids.view(hidden.shape[0], -1), log_q.view(hidden.shape[0], -1), None  # (N, m) each
 
     def loss(self, hidden: Tensor, target: Tensor, inputs: Tensor | None = None) -> Tensor:
-        ids, log_q, tries = self.draw(hidden, inputs)
-        query = self.query(hidden)  # (N, d')
+        query = self.query(hidden)  # (N, d'), built once for the draw and the scores
+        ids, log_q, tries = self.draw(hidden, inputs, query)
         target_logit = self.query_scores(query, target.unsqueeze(1))  # (N, 1)
         neg_logits = self.query_scores(query, ids)  # (N, m)
         return self.sampled_nll(query, target, target_logit, neg_logits, ids, log_q, tries, inputs).mean()
