@@ -1,0 +1,55 @@
+"""A kernel proposal mixed with the training unigram: q = (1 - s) q_kernel + s u (``sampler.unigram_share``)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from lmtrain.sampler.unigram import UnigramSampler
+
+
+class UnigramShare(nn.Module):
+    """The unigram part of a kernel proposal mixed with the training unigram u.
+
+    Why: a kernel proposal knows the geometry of h and the class vectors but not how frequent each word is, and
+    where the model's softmax is sharper than the kernel (an RFF estimate of exp(nu cos) with nu well below the
+    model's own scale) it under-draws the frequent words that carry most of p's mass. A share of draws from u
+    bounds the importance weights of those words (defensive importance sampling).
+
+    Draws are stratified: of m draws per position, m_u = round(s m) come from u and the rest from the kernel,
+    and every id is corrected with the mixture density q = (1 - s') q_kernel + s' u with s' = m_u / m, which
+    is exactly the expected share of draws at each class (the balance heuristic of multiple importance
+    sampling). ``share`` is the s' of the last draw; ``log_q`` of ids drawn elsewhere (the targets) uses it.
+    """
+
+    def __init__(self, share: float, num_classes: int | None, counts: Tensor | None) -> None:
+        super().__init__()
+        if not 0.0 <= share < 1.0:
+            raise ValueError(f"sampler.unigram_share must be in [0, 1) (the unigram's share of draws), got {share}")
+        if counts is None:
+            raise ValueError("sampler.unigram_share > 0 needs the training-split counts of the classes")
+        self.nominal = float(share)
+        self.share = float(share)
+        self.unigram = UnigramSampler(num_classes or counts.numel(), counts, power=1.0)
+
+    def split(self, num_samples: int) -> tuple[int, int]:
+        """(kernel draws, unigram draws) per position for m = ``num_samples``; sets ``share`` to their ratio."""
+        from_unigram = min(num_samples - 1, round(self.nominal * num_samples))
+        self.share = from_unigram / num_samples
+        return num_samples - from_unigram, from_unigram
+
+    def draw(self, shape: tuple[int, ...]) -> Tensor:
+        """Ids drawn from u, of the given shape."""
+        count = math.prod(shape)
+        return self.unigram.sample(None, count)[0].view(shape) if count else torch.empty(shape, dtype=torch.long)
+
+    def mix(self, log_kernel: Tensor, ids: Tensor | None = None) -> Tensor:
+        """log q = log((1 - s') q_kernel + s' u) from the kernel's log-probabilities of ``ids`` (same shape), or of
+        every class when ``ids`` is None (log_kernel (..., n))."""
+        if self.share == 0.0:
+            return log_kernel
+        log_u = self.unigram.log_probs.to(log_kernel.dtype)
+        log_u = log_u if ids is None else log_u[ids]
+        return torch.logaddexp(log_kernel + math.log1p(-self.share), log_u + math.log(self.share))
