@@ -7,6 +7,7 @@ import torch
 
 from lmtrain.sampler import QuadraticSampler, RFFSampler
 from lmtrain.sampler.kernel import sampler as kernel_sampler
+from lmtrain.sampler.kernel.unigram_share import kernel_log_q_shared
 from tests.test_kernel_shared import assert_draws_follow, queries
 from tests.test_kernel_tree import augmented
 
@@ -27,11 +28,17 @@ def make_sampler(kind: str, share: float, shared: bool = False) -> RFFSampler | 
 @pytest.mark.parametrize("walk", [False, True], ids=["dense", "walk"])
 @pytest.mark.parametrize("kind", ["quadratic", "rff"])
 def test_per_example_draws_follow_the_mixture_and_log_q_matches(kind, walk, monkeypatch):
-    if walk:  # force the tree walk plus path log q of the unigram draws
-        monkeypatch.setattr(kernel_sampler, "DENSE_MAX_ENTRIES", 0)
+    if walk:  # force the tree walk, with the unigram draws shared by the batch
         monkeypatch.setattr(kernel_sampler.KernelTree, "dense_draw_pays", lambda *args: False)
     sampler = make_sampler(kind, share=0.33)
     query = queries(2, DIM, seed=5)
+    some = torch.tensor([0, 5, 5, 77, N_CLASSES - 1])
+    torch.testing.assert_close(
+        kernel_log_q_shared(sampler.tree, query, some),
+        sampler.tree.log_q(query, some.expand(2, -1)),
+        rtol=1e-4,
+        atol=1e-5,
+    )
     ids, log_q = sampler.sample(query, 20)
     assert ids.shape == log_q.shape == (2, 20)
     assert sampler.unigram.share == pytest.approx(7 / 20)  # round(0.33 * 20) of the 20 draws come from u

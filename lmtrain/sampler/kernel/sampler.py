@@ -9,8 +9,8 @@ from torch import Tensor
 
 from lmtrain.sampler.base import Sampler
 from lmtrain.sampler.kernel.features import FeatureMap, QuadraticFeatures, RandomFourierFeatures
-from lmtrain.sampler.kernel.tree import DENSE_MAX_ENTRIES, KernelTree
-from lmtrain.sampler.kernel.unigram_share import UnigramShare
+from lmtrain.sampler.kernel.tree import KernelTree
+from lmtrain.sampler.kernel.unigram_share import UnigramShare, kernel_log_q_shared
 
 log = logging.getLogger("lmtrain")
 
@@ -75,26 +75,23 @@ class KernelSampler(Sampler):
             ids, log_q = self.tree.sample_mixture(psi, num_kernel)  # (m_k,) each
             if mix is None:
                 return ids, log_q
-            extra = mix.draw((num_unigram,))  # (m_u,)
+            extra = mix.draw(num_unigram)  # (m_u,)
             ids = torch.cat([ids, extra])  # (m,)
             return ids, mix.mix(torch.cat([log_q, self.tree.log_q_mixture(psi, extra)]), ids)
         query = self._context(hidden)
-        n_query = query.shape[0]
-        # small n: every class's q, then draw (the same q); with a unigram share also whenever the (N, n) table fits,
-        # since the walk would need the kernel's log q of every unigram draw, a path read per id
-        fits = n_query * self.tree.num_classes <= DENSE_MAX_ENTRIES
-        if mix is None and self.tree.dense_draw_pays(n_query, num_samples):
-            return self.tree.sample_dense(query, num_samples)  # (N, m) each
-        if mix is not None and (fits or self.tree.dense_draw_pays(n_query, num_samples)):
+        if self.tree.dense_draw_pays(query.shape[0], num_samples):  # small n: every class's q, then draw (same q)
+            if mix is None:
+                return self.tree.sample_dense(query, num_samples)  # (N, m) each
             log_q = mix.mix(self.tree.log_q_all(query))  # (N, n)
             ids = torch.multinomial(log_q.exp(), num_samples, replacement=True)  # (N, m)
             return ids, log_q.gather(1, ids)
         ids, log_q = self.tree.sample(query, num_kernel)  # (N, m_k) each
         if mix is None:
             return ids, log_q
-        extra = mix.draw((n_query, num_unigram))  # (N, m_u)
-        ids = torch.cat([ids, extra], 1)  # (N, m)
-        return ids, mix.mix(torch.cat([log_q, self.tree.log_q(query, extra)], 1), ids)
+        extra = mix.draw(num_unigram)  # (m_u,): one set for the batch, u is the same at every position
+        log_extra = kernel_log_q_shared(self.tree, query, extra)  # (N, m_u)
+        ids = torch.cat([ids, extra.expand(query.shape[0], -1)], 1)  # (N, m)
+        return ids, mix.mix(torch.cat([log_q, log_extra], 1), ids)
 
     def log_q(self, hidden: Tensor | None, ids: Tensor, inputs: Tensor | None = None) -> Tensor:
         if self.shared:

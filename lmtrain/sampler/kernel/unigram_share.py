@@ -7,6 +7,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from lmtrain.sampler.kernel.tree import KernelTree
 from lmtrain.sampler.unigram import UnigramSampler
 
 
@@ -22,6 +23,9 @@ class UnigramShare(nn.Module):
     and every id is corrected with the mixture density q = (1 - s') q_kernel + s' u with s' = m_u / m, which
     is exactly the expected share of draws at each class (the balance heuristic of multiple importance
     sampling). ``share`` is the s' of the last draw; ``log_q`` of ids drawn elsewhere (the targets) uses it.
+    The m_u unigram ids are drawn once for the batch (u does not depend on the position), so the kernel's
+    log q of them for every position costs one product with the few tree nodes on their paths
+    (``kernel_log_q_shared``) instead of a path read per position and id.
     """
 
     def __init__(self, share: float, num_classes: int | None, counts: Tensor | None) -> None:
@@ -40,10 +44,9 @@ class UnigramShare(nn.Module):
         self.share = from_unigram / num_samples
         return num_samples - from_unigram, from_unigram
 
-    def draw(self, shape: tuple[int, ...]) -> Tensor:
-        """Ids drawn from u, of the given shape."""
-        count = math.prod(shape)
-        return self.unigram.sample(None, count)[0].view(shape) if count else torch.empty(shape, dtype=torch.long)
+    def draw(self, count: int) -> Tensor:
+        """``count`` ids drawn from u, (count,)."""
+        return self.unigram.sample(None, count)[0]
 
     def mix(self, log_kernel: Tensor, ids: Tensor | None = None) -> Tensor:
         """log q = log((1 - s') q_kernel + s' u) from the kernel's log-probabilities of ``ids`` (same shape), or of
@@ -53,3 +56,25 @@ class UnigramShare(nn.Module):
         log_u = self.unigram.log_probs.to(log_kernel.dtype)
         log_u = log_u if ids is None else log_u[ids]
         return torch.logaddexp(log_kernel + math.log1p(-self.share), log_u + math.log(self.share))
+
+
+def kernel_log_q_shared(tree: KernelTree, query: Tensor, ids: Tensor) -> Tensor:
+    """Per-example kernel log q (N, k) of one set of ids (k,) shared by all queries (N, d): the walk's branch
+    probabilities at the distinct nodes on the ids' paths, scored for all queries by one product, times the
+    exact in-bucket probability. Equal to ``tree.log_q(query, ids.expand(N, -1))``."""
+    n_query, k = query.shape[0], ids.numel()
+    bucket = torch.div(ids, tree.bucket_size, rounding_mode="floor")  # (k,)
+    logk, _ = tree._kernel_log_weights(query, bucket.repeat(n_query), k)  # (N k, L)
+    pick = (ids - bucket * tree.bucket_size).repeat(n_query).unsqueeze(1)  # (N k, 1)
+    log_q = (logk.gather(1, pick).squeeze(1) - torch.logsumexp(logk, 1)).view(n_query, k)
+    if tree.depth == 0:
+        return log_q
+    phi = tree.features(query)  # (N, F)
+    parents, right = tree._path_parents(bucket)  # (k, depth) each
+    distinct, inverse = torch.unique(parents, return_inverse=True)  # (u,), (k, depth)
+    pairs = tree.nodes[1:].view(-1, 2, phi.shape[1]).index_select(0, distinct)  # (u, 2, F)
+    floor = tree.floor[1:].view(-1, 2).index_select(0, distinct)  # (u, 2)
+    s = torch.maximum((phi @ pairs.flatten(0, 1).T).view(n_query, -1, 2), floor)  # (N, u, 2)
+    s = s[:, inverse]  # (N, k, depth, 2)
+    chosen = s.gather(3, right.expand(n_query, -1, -1).unsqueeze(3)).squeeze(3)  # (N, k, depth)
+    return log_q + (chosen.log() - s.sum(3).log()).sum(2)
