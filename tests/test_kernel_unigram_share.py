@@ -7,7 +7,7 @@ import torch
 
 from lmtrain.sampler import QuadraticSampler, RFFSampler
 from lmtrain.sampler.kernel import sampler as kernel_sampler
-from lmtrain.sampler.kernel.unigram_share import kernel_log_q_shared
+from lmtrain.sampler.kernel import unigram_share
 from tests.test_kernel_shared import assert_draws_follow, queries
 from tests.test_kernel_tree import augmented
 
@@ -28,17 +28,10 @@ def make_sampler(kind: str, share: float, shared: bool = False) -> RFFSampler | 
 @pytest.mark.parametrize("walk", [False, True], ids=["dense", "walk"])
 @pytest.mark.parametrize("kind", ["quadratic", "rff"])
 def test_per_example_draws_follow_the_mixture_and_log_q_matches(kind, walk, monkeypatch):
-    if walk:  # force the tree walk, with the unigram draws shared by the batch
+    if walk:  # force the tree walk (the unigram draws' kernel log q then comes from kernel_log_q)
         monkeypatch.setattr(kernel_sampler.KernelTree, "dense_draw_pays", lambda *args: False)
     sampler = make_sampler(kind, share=0.33)
     query = queries(2, DIM, seed=5)
-    some = torch.tensor([0, 5, 5, 77, N_CLASSES - 1])
-    torch.testing.assert_close(
-        kernel_log_q_shared(sampler.tree, query, some),
-        sampler.tree.log_q(query, some.expand(2, -1)),
-        rtol=1e-4,
-        atol=1e-5,
-    )
     ids, log_q = sampler.sample(query, 20)
     assert ids.shape == log_q.shape == (2, 20)
     assert sampler.unigram.share == pytest.approx(7 / 20)  # round(0.33 * 20) of the 20 draws come from u
@@ -61,6 +54,14 @@ def test_batch_shared_draws_follow_the_mixture(kind):
     q = sampler.log_q_all(query, N_CLASSES)[0].double().exp()
     draws = torch.cat([sampler.sample(query, 40)[0] for _ in range(800)])
     assert_draws_follow(draws, q)
+
+
+def test_kernel_log_q_through_bucket_reach_equals_the_path_reads(monkeypatch):
+    monkeypatch.setattr(unigram_share, "GATHER_COST", 1e9)  # always through _log_reach
+    sampler = make_sampler("rff", share=0.25)
+    query = queries(2, DIM, seed=5)
+    some = torch.tensor([[0, 5, 5, 77, N_CLASSES - 1], [3, 3, 64, 65, 119]])
+    torch.testing.assert_close(unigram_share.kernel_log_q(sampler.tree, query, some), sampler.tree.log_q(query, some))
 
 
 def test_unigram_share_zero_is_the_plain_kernel_and_bad_values_are_refused():

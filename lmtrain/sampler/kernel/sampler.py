@@ -10,7 +10,7 @@ from torch import Tensor
 from lmtrain.sampler.base import Sampler
 from lmtrain.sampler.kernel.features import FeatureMap, QuadraticFeatures, RandomFourierFeatures
 from lmtrain.sampler.kernel.tree import KernelTree
-from lmtrain.sampler.kernel.unigram_share import UnigramShare, kernel_log_q_shared
+from lmtrain.sampler.kernel.unigram_share import UnigramShare, kernel_log_q
 
 log = logging.getLogger("lmtrain")
 
@@ -88,10 +88,9 @@ class KernelSampler(Sampler):
         ids, log_q = self.tree.sample(query, num_kernel)  # (N, m_k) each
         if mix is None:
             return ids, log_q
-        extra = mix.draw(num_unigram)  # (m_u,): one set for the batch, u is the same at every position
-        log_extra = kernel_log_q_shared(self.tree, query, extra)  # (N, m_u)
-        ids = torch.cat([ids, extra.expand(query.shape[0], -1)], 1)  # (N, m)
-        return ids, mix.mix(torch.cat([log_q, log_extra], 1), ids)
+        extra = mix.draw(query.shape[0], num_unigram)  # (N, m_u)
+        ids = torch.cat([ids, extra], 1)  # (N, m)
+        return ids, mix.mix(torch.cat([log_q, kernel_log_q(self.tree, query, extra)], 1), ids)
 
     def log_q(self, hidden: Tensor | None, ids: Tensor, inputs: Tensor | None = None) -> Tensor:
         if self.shared:

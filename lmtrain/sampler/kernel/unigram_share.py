@@ -23,9 +23,8 @@ class UnigramShare(nn.Module):
     and every id is corrected with the mixture density q = (1 - s') q_kernel + s' u with s' = m_u / m, which
     is exactly the expected share of draws at each class (the balance heuristic of multiple importance
     sampling). ``share`` is the s' of the last draw; ``log_q`` of ids drawn elsewhere (the targets) uses it.
-    The m_u unigram ids are drawn once for the batch (u does not depend on the position), so the kernel's
-    log q of them for every position costs one product with the few tree nodes on their paths
-    (``kernel_log_q_shared``) instead of a path read per position and id.
+    Each position draws its own unigram ids (ids shared by the batch push the same few frequent rows with the
+    whole batch's gradient, which trains worse, as shared negatives do); their kernel log q is ``kernel_log_q``.
     """
 
     def __init__(self, share: float, num_classes: int | None, counts: Tensor | None) -> None:
@@ -44,9 +43,9 @@ class UnigramShare(nn.Module):
         self.share = from_unigram / num_samples
         return num_samples - from_unigram, from_unigram
 
-    def draw(self, count: int) -> Tensor:
-        """``count`` ids drawn from u, (count,)."""
-        return self.unigram.sample(None, count)[0]
+    def draw(self, *shape: int) -> Tensor:
+        """Ids drawn from u, of the given shape."""
+        return self.unigram.sample(None, math.prod(shape))[0].view(shape)
 
     def mix(self, log_kernel: Tensor, ids: Tensor | None = None) -> Tensor:
         """log q = log((1 - s') q_kernel + s' u) from the kernel's log-probabilities of ``ids`` (same shape), or of
@@ -58,23 +57,21 @@ class UnigramShare(nn.Module):
         return torch.logaddexp(log_kernel + math.log1p(-self.share), log_u + math.log(self.share))
 
 
-def kernel_log_q_shared(tree: KernelTree, query: Tensor, ids: Tensor) -> Tensor:
-    """Per-example kernel log q (N, k) of one set of ids (k,) shared by all queries (N, d): the walk's branch
-    probabilities at the distinct nodes on the ids' paths, scored for all queries by one product, times the
-    exact in-bucket probability. Equal to ``tree.log_q(query, ids.expand(N, -1))``."""
-    n_query, k = query.shape[0], ids.numel()
-    bucket = torch.div(ids, tree.bucket_size, rounding_mode="floor")  # (k,)
-    logk, _ = tree._kernel_log_weights(query, bucket.repeat(n_query), k)  # (N k, L)
-    pick = (ids - bucket * tree.bucket_size).repeat(n_query).unsqueeze(1)  # (N k, 1)
-    log_q = (logk.gather(1, pick).squeeze(1) - torch.logsumexp(logk, 1)).view(n_query, k)
-    if tree.depth == 0:
-        return log_q
-    phi = tree.features(query)  # (N, F)
-    parents, right = tree._path_parents(bucket)  # (k, depth) each
-    distinct, inverse = torch.unique(parents, return_inverse=True)  # (u,), (k, depth)
-    pairs = tree.nodes[1:].view(-1, 2, phi.shape[1]).index_select(0, distinct)  # (u, 2, F)
-    floor = tree.floor[1:].view(-1, 2).index_select(0, distinct)  # (u, 2)
-    s = torch.maximum((phi @ pairs.flatten(0, 1).T).view(n_query, -1, 2), floor)  # (N, u, 2)
-    s = s[:, inverse]  # (N, k, depth, 2)
-    chosen = s.gather(3, right.expand(n_query, -1, -1).unsqueeze(3)).squeeze(3)  # (N, k, depth)
-    return log_q + (chosen.log() - s.sum(3).log()).sum(2)
+GATHER_COST = 4.0  # a node read by a per-id path gather costs ~4x one read by a level's GEMM (PTB shape, 1 thread)
+
+
+def kernel_log_q(tree: KernelTree, query: Tensor, ids: Tensor) -> Tensor:
+    """Per-example kernel log q (N, k) of ids (N, k) drawn elsewhere, equal to ``tree.log_q(query, ids)``.
+
+    When the tree has few buckets for the number of ids, every query's probability of reaching every bucket
+    (one product per level, ``_log_reach``) is cheaper than reading each id's path node by node: reach reads
+    2B node sums per query, the paths k x depth x 2 (gathered, ``GATHER_COST`` times slower each).
+    """
+    n_query, k = ids.shape
+    if tree.depth == 0 or tree.num_buckets > GATHER_COST * k * tree.depth * 2:
+        return tree.log_q(query, ids)
+    bucket = torch.div(ids, tree.bucket_size, rounding_mode="floor")  # (N, k)
+    logk, _ = tree._kernel_log_weights(query, bucket.reshape(-1), k)  # (N k, L)
+    pick = (ids - bucket * tree.bucket_size).view(-1, 1)  # (N k, 1)
+    log_in = (logk.gather(1, pick).squeeze(1) - torch.logsumexp(logk, 1)).view(n_query, k)
+    return tree._log_reach(tree.features(query)).gather(1, bucket) + log_in  # (N, B) -> (N, k)
