@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmtrain.build import build_output
 from lmtrain.output import AdaptiveSoftmax
 from lmtrain.output.adaptive import derive_cutoffs, max_clusters
+from lmtrain.training.build import build_output
 from tests.conftest import make_config
 
 

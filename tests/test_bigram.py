@@ -10,10 +10,10 @@ import torch
 import torch.nn.functional as F
 from hydra.errors import InstantiationException
 
-from lmtrain.build import build_output
 from lmtrain.output import NCE, SampledSoftmax
-from lmtrain.run import train
 from lmtrain.sampler import BigramSampler
+from lmtrain.training.build import build_output
+from lmtrain.training.run import train
 from tests.conftest import make_config
 from tests.test_samplers import chi_square, chi_square_critical
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import lmtrain.data.tokenizer as tokmod
+from lmtrain.cli.overrides import CONF_DIR
 from lmtrain.data import (
     DataError,
     LMDataModule,
@@ -26,7 +27,6 @@ from lmtrain.data import (
 )
 from lmtrain.data.synthetic import zipf_probs
 from lmtrain.data.text import format_line
-from lmtrain.overrides import CONF_DIR
 
 SHARED = Path(os.environ.get("LMTRAIN_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
 

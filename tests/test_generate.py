@@ -6,8 +6,6 @@ import pytest
 import torch
 
 from lmtrain.data.vocab import Vocabulary
-from lmtrain.generate import Sampling, context_ids, generate, pick, render
-from lmtrain.generate import main as generate_main
 from lmtrain.output import (
     NCE,
     AbsoluteSampledSoftmax,
@@ -20,7 +18,9 @@ from lmtrain.output import (
     SampledSoftmax,
 )
 from lmtrain.sampler import UniformSampler, UnigramSampler
-from lmtrain.trained import load_trained
+from lmtrain.tools.generate import Sampling, context_ids, generate, pick, render
+from lmtrain.tools.generate import main as generate_main
+from lmtrain.tools.trained import load_trained
 
 STRATEGIES = ["full", "unigram", "rff", "nce", "hsm", "adaptive"]
 N, D = 37, 16

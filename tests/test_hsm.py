@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from lmtrain.build import build_output
-from lmtrain.optim import build_optimizer
 from lmtrain.output import HierarchicalSoftmax
 from lmtrain.output.trees import TreePaths, balanced_tree, huffman_tree, two_level_tree
+from lmtrain.training.build import build_output
+from lmtrain.training.optim import build_optimizer
 from tests.conftest import SHARED_DATA, make_config
 
 TREES = ["huffman", "balanced", "two_level"]

@@ -22,13 +22,13 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from lmtrain.build import build, build_output
-from lmtrain.checkpoints import AtomicCheckpointIO, read_checkpoint
-from lmtrain.errors import run_guarded
-from lmtrain.module import LanguageModel
-from lmtrain.overrides import CONF_DIR
-from lmtrain.results import read_metrics
-from lmtrain.run import train
+from lmtrain.cli.failures import run_guarded
+from lmtrain.cli.overrides import CONF_DIR
+from lmtrain.tools.results import read_metrics
+from lmtrain.training.build import build, build_output
+from lmtrain.training.checkpoints import AtomicCheckpointIO, read_checkpoint
+from lmtrain.training.module import LanguageModel
+from lmtrain.training.run import train
 from tests.conftest import make_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -226,7 +226,7 @@ def test_multirun_gives_one_wandb_run_per_job_and_a_summary(tmp_path):
 def test_a_failing_sweep_job_is_marked_failed_in_wandb_and_returns(tiny_config, tmp_path, monkeypatch, failure):
     """In a multirun any failure (a known one or an unexpected exception) ends only its job, marked failed."""
     monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setattr("lmtrain.errors.in_multirun", lambda: True)
+    monkeypatch.setattr("lmtrain.cli.failures.in_multirun", lambda: True)
     breaks = {
         "known": ["+callbacks.nan._target_=tests.helpers.PoisonAtStep", "+callbacks.nan.step=2"],  # a NaN loss
         "unexpected": ["+callbacks.crash._target_=tests.helpers.CrashAtStep", "+callbacks.crash.step=2"],
@@ -298,7 +298,7 @@ def test_sigkill_mid_epoch_then_resume_matches_the_uninterrupted_run(tmp_path):
 KILLED_WRITER = """
 import io, sys, time
 import torch
-from lmtrain.checkpoints import AtomicCheckpointIO
+from lmtrain.training.checkpoints import AtomicCheckpointIO
 
 path = sys.argv[1]
 AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.ones(4)}, "lmtrain": {"version": 1}}, path)

@@ -7,12 +7,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lmtrain.checkpoints import get_rng_states, set_rng_states
 from lmtrain.model import State
-from lmtrain.optim import build_optimizer, clip_grad_norm
 from lmtrain.output import OutputLayer
-from lmtrain.schedule import build_scheduler
-from lmtrain.step_metrics import StepMetrics
+from lmtrain.training.ddp import ddp_ignored, mean_over_ranks
+from lmtrain.training.optim import build_optimizer, clip_grad_norm
+from lmtrain.training.rng import get_rng_states, set_rng_states
+from lmtrain.training.schedule import build_scheduler
+from lmtrain.training.step_metrics import StepMetrics
 
 
 class NonFiniteLossError(RuntimeError):
@@ -141,37 +142,12 @@ class LanguageModel(StepMetrics):
     # --- multi-process (DDP) -----------------------------------------------------------------------
     def setup(self, stage: str) -> None:
         if self.trainer.world_size > 1:  # runs before the strategy wraps this module in DistributedDataParallel
-            # DDP cannot reduce the sparse row gradients of plain parameters (on_before_optimizer_step does), and
-            # broadcasting the output's derived buffers (kernel trees) every step would cost O(tree): every rank
-            # keeps them identical itself, from identical weights and identical reduced gradients
-            sparse = {id(p) for p in self.output.sparse_parameters()}
-            ignored = [f"output.{n}" for n, p in self.output.named_parameters() if id(p) in sparse]
-            self._ddp_params_and_buffers_to_ignore = ignored + [f"output.{n}" for n, _ in self.output.named_buffers()]
+            self._ddp_params_and_buffers_to_ignore = ddp_ignored(self.output, "output.")
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         if self.trainer.world_size > 1:  # DDP averaged the dense gradients; average the sparse ones alike
             for param in self.output.sparse_parameters():
-                param.grad = self._mean_over_ranks(param)
-
-    def _mean_over_ranks(self, param: nn.Parameter) -> Tensor:
-        """The mean over ranks of a (sparse row) gradient, coalesced: the same tensor on every rank."""
-        grad, world = param.grad, self.trainer.world_size
-        if grad is None:
-            empty_rows = torch.empty(1, 0, dtype=torch.long, device=param.device)
-            grad = torch.sparse_coo_tensor(empty_rows, param.new_empty(0, *param.shape[1:]), param.shape)
-        if not grad.is_sparse:
-            return self.trainer.strategy.reduce(grad, reduce_op="mean")
-        grad = grad.coalesce()
-        rows, values = grad.indices()[0], grad.values()  # (k,), (k, d)
-        counts = self.all_gather(torch.tensor(rows.numel(), device=param.device))  # (world,)
-        most = int(counts.max())
-        padded_rows = rows.new_zeros(most)
-        padded_rows[: rows.numel()] = rows
-        padded_values = values.new_zeros(most, *values.shape[1:])
-        padded_values[: rows.numel()] = values
-        all_rows, all_values = self.all_gather(padded_rows), self.all_gather(padded_values)  # (world, most[, d])
-        keep = torch.arange(most, device=param.device) < counts[:, None]  # (world, most): drop the padding
-        return torch.sparse_coo_tensor(all_rows[keep][None], all_values[keep] / world, param.shape).coalesce()
+                param.grad = mean_over_ranks(param, self)
 
     # --- exact resume ------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

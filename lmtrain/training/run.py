@@ -16,22 +16,22 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
-from lmtrain.build import build, build_output
-from lmtrain.callbacks import EpochSummary, ProgressBar, ValidateAtEnd
-from lmtrain.checkpoints import (
+from lmtrain.data.vocab import Vocabulary
+from lmtrain.training.assemble import build_model
+from lmtrain.training.callbacks import EpochSummary, ProgressBar, ValidateAtEnd
+from lmtrain.training.checkpoints import (
     AtomicCheckpointIO,
     CheckpointError,
     check_compatible,
     find_last,
     read_checkpoint,
 )
-from lmtrain.data.vocab import Vocabulary
-from lmtrain.loggers import build_loggers, finish_wandb
-from lmtrain.memory import reuse_freed_memory
-from lmtrain.module import LanguageModel
-from lmtrain.noise import quiet_libraries
-from lmtrain.threads import apply_threads
-from lmtrain.validate import check_against_data, check_config
+from lmtrain.training.checks import check_against_data, check_config
+from lmtrain.training.loggers import build_loggers
+from lmtrain.training.loggers.wandb_run import finish_wandb
+from lmtrain.training.memory import reuse_freed_memory
+from lmtrain.training.noise import quiet_libraries
+from lmtrain.training.threads import apply_threads
 
 log = logging.getLogger("lmtrain")
 
@@ -93,29 +93,6 @@ def write_run_info(
     (run_dir / "run.json").write_text(json.dumps(info, indent=2, default=str))
 
 
-def build_model(cfg: DictConfig) -> tuple[L.LightningDataModule, LanguageModel]:
-    """The data module (set up) and the LanguageModel (encoder + output strategy) that ``cfg`` describes."""
-    datamodule = instantiate(cfg.data)
-    datamodule.setup()
-    return datamodule, build_module(cfg, datamodule.num_classes, datamodule.counts, datamodule.train_ids)
-
-
-def build_module(
-    cfg: DictConfig, num_classes: int, counts: torch.Tensor, train_ids: torch.Tensor | None
-) -> LanguageModel:
-    """The LanguageModel of ``cfg`` for a vocabulary of ``num_classes`` with these training ``counts`` (and training
-    stream, for strategies built from it); ``module.signature`` is what a checkpoint must match to be loaded."""
-    encoder = build(cfg.model, num_classes=num_classes)
-    output = build_output(cfg, num_classes, encoder.output_dim, counts, train_ids)
-    module = LanguageModel(encoder, output, OmegaConf.to_container(cfg.optim, resolve=True), cfg.loss_reduction)
-    module.signature = {
-        "num_classes": num_classes,
-        "output": cfg.output._target_,
-        "model": OmegaConf.to_container(cfg.model, resolve=True),
-    }
-    return module
-
-
 def train(cfg: DictConfig) -> dict[str, float]:
     """Train and evaluate one model; returns the final metrics (val/ppl of the best epoch, test/ppl, ...)."""
     started = time.perf_counter()
@@ -129,7 +106,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     torch.set_float32_matmul_precision("high")
     torch.set_flush_denormal(True)  # tiny LSTM gradients as subnormal floats are very slow on CPUs
     if cfg.get("reuse_freed_memory", True):
-        reuse_freed_memory()  # no page faults for each step's big buffers (lmtrain.memory)
+        reuse_freed_memory()  # no page faults for each step's big buffers (lmtrain.training.memory)
 
     datamodule, module = build_model(cfg)
     check_against_data(cfg, datamodule.num_train_windows)
