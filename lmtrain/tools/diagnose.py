@@ -208,7 +208,3 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as exc:  # CheckpointError, DataError and bad arguments are ValueErrors
         fail(str(exc).strip().splitlines()[0])
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -139,7 +139,3 @@ def main(argv: list[str] | None = None) -> int:
         fail(str(exc).strip().splitlines()[0])
     print(generated.text, end="" if generated.text.endswith("\n") else "\n", flush=True)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -133,7 +133,3 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

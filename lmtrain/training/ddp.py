@@ -1,10 +1,13 @@
-"""Multi-process (DDP) pieces for the output's sparse row gradients, which DDP itself cannot reduce."""
+"""Multi-process (DDP) pieces: the output's sparse row gradients, which DDP itself cannot reduce, and the carried
+LSTM state, saved for the global batch and split into the ranks' rows on resume."""
 
 from __future__ import annotations
 
 import lightning as L
 import torch
 from torch import Tensor, nn
+
+from lmtrain.model import State
 
 
 def ddp_ignored(output: nn.Module, prefix: str) -> list[str]:
@@ -35,3 +38,19 @@ def mean_over_ranks(param: nn.Parameter, module: L.LightningModule) -> Tensor:
     all_rows, all_values = module.all_gather(padded_rows), module.all_gather(padded_values)  # (world, most[, d])
     keep = torch.arange(most, device=param.device) < counts[:, None]  # (world, most): drop the padding
     return torch.sparse_coo_tensor(all_rows[keep][None], all_values[keep] / world, param.shape).coalesce()
+
+
+def global_state(state: State | None, module: L.LightningModule) -> State | None:
+    """The carried training state for all rows of the global batch: under DDP gathered from the ranks."""
+    if state is None or module.trainer.world_size <= 1:
+        return state
+    h, c = (module.all_gather(s) for s in state)  # (world, layers, B / world, d): rank blocks in row order
+    return h.transpose(0, 1).flatten(1, 2), c.transpose(0, 1).flatten(1, 2)  # (layers, B, d)
+
+
+def rank_block(state: State | None, trainer: L.Trainer) -> State | None:
+    """This rank's block of rows of a global batch's carried state (``global_state`` inverted)."""
+    if state is None or trainer.world_size <= 1:
+        return state
+    rows, rank = state[0].shape[1] // trainer.world_size, trainer.global_rank
+    return state[0][:, rank * rows : (rank + 1) * rows], state[1][:, rank * rows : (rank + 1) * rows]

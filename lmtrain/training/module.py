@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from lmtrain.model import State
 from lmtrain.output import OutputLayer
-from lmtrain.training.ddp import ddp_ignored, mean_over_ranks
+from lmtrain.training.ddp import ddp_ignored, global_state, mean_over_ranks, rank_block
 from lmtrain.training.optim import build_optimizer, clip_grad_norm
 from lmtrain.training.rng import get_rng_states, set_rng_states
 from lmtrain.training.schedule import build_scheduler
@@ -161,7 +161,7 @@ class LanguageModel(StepMetrics):
             logger.save()
         checkpoint["lmtrain"] = {
             "batches_done": self._batches_done,
-            "state": self._global_state(),
+            "state": global_state(self._state["train"], self),
             "signature": getattr(self, "signature", {}),
             "wandb_id": getattr(self, "wandb_id", None),
             "rng": get_rng_states(),
@@ -179,19 +179,8 @@ class LanguageModel(StepMetrics):
         if not finished and 0 < done < self._batches_per_epoch():
             # before Lightning creates (and prefetches from) the loader iterator: start at the next window
             self.trainer.datamodule.train_sampler.set_start(done)
-            state = saved["state"]
-            if state is not None and self.trainer.world_size > 1:  # this rank's block of the global batch's rows
-                rows, rank = state[0].shape[1] // self.trainer.world_size, self.trainer.global_rank
-                state = (state[0][:, rank * rows : (rank + 1) * rows], state[1][:, rank * rows : (rank + 1) * rows])
+            state = rank_block(saved["state"], self.trainer)  # this rank's rows of the global batch
             self._state["train"], self._batches_done, self._continue_epoch = state, done, True
-
-    def _global_state(self) -> State | None:
-        """The carried training state for all rows of the global batch (under DDP gathered from the ranks)."""
-        state = self._state["train"]
-        if state is None or self.trainer.world_size <= 1:
-            return state
-        h, c = (self.all_gather(s) for s in state)  # (world, layers, B / world, d): rank blocks in row order
-        return h.transpose(0, 1).flatten(1, 2), c.transpose(0, 1).flatten(1, 2)  # (layers, B, d)
 
     def _batches_per_epoch(self) -> int:
         """Lightning's num_training_batches, computed before Lightning knows it (windows and limit_train_batches)."""
