@@ -13,7 +13,7 @@ from lmtrain.data import (
     ZipfMarkovSource,
     synthetic_corpus,
 )
-from lmtrain.data.synthetic import zipf_probs
+from lmtrain.data.synthetic import SyntheticOptions, zipf_probs
 
 
 def test_synthetic_entropy_rate_matches_long_sample() -> None:
@@ -41,9 +41,15 @@ def test_synthetic_entropy_rate_exact_case() -> None:
 
 
 def test_synthetic_corpus_deterministic_and_frequency_ordered() -> None:
-    a = synthetic_corpus(vocab_size=60, train_tokens=20_000, valid_tokens=3_000, test_tokens=2_000, seed=5)
-    b = synthetic_corpus(vocab_size=60, train_tokens=20_000, valid_tokens=3_000, test_tokens=2_000, seed=5)
-    c = synthetic_corpus(vocab_size=60, train_tokens=20_000, valid_tokens=3_000, test_tokens=2_000, seed=6)
+    a = synthetic_corpus(
+        SyntheticOptions(vocab_size=60, train_tokens=20_000, valid_tokens=3_000, test_tokens=2_000, seed=5)
+    )
+    b = synthetic_corpus(
+        SyntheticOptions(vocab_size=60, train_tokens=20_000, valid_tokens=3_000, test_tokens=2_000, seed=5)
+    )
+    c = synthetic_corpus(
+        SyntheticOptions(vocab_size=60, train_tokens=20_000, valid_tokens=3_000, test_tokens=2_000, seed=6)
+    )
     assert torch.equal(a.train, b.train) and torch.equal(a.valid, b.valid) and torch.equal(a.test, b.test)
     assert a.entropy_rate == b.entropy_rate and not torch.equal(a.train, c.train)
     assert (len(a.train), len(a.valid), len(a.test)) == (20_000, 3_000, 2_000)
@@ -52,7 +58,7 @@ def test_synthetic_corpus_deterministic_and_frequency_ordered() -> None:
     assert bool((a.counts[:-1] >= a.counts[1:]).all())
     assert 0 < a.entropy_rate < math.log(60)
     with pytest.raises(DataError, match="vocab_size"):
-        synthetic_corpus(vocab_size=1)
+        synthetic_corpus(SyntheticOptions(vocab_size=1))
 
 
 def test_synthetic_datamodule() -> None:
