@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 
+import torch
 from torch import Tensor
 
 from lmtrain.sampler.base import Sampler
 from lmtrain.sampler.kernel.features import FeatureMap, QuadraticFeatures, RandomFourierFeatures
 from lmtrain.sampler.kernel.tree import KernelTree
+from lmtrain.sampler.kernel.unigram_share import UnigramShare, kernel_log_q_shared
 
 log = logging.getLogger("lmtrain")
 
@@ -27,13 +29,24 @@ class KernelSampler(Sampler):
     The tree is derived state: built from the first weights it sees, refreshed for the changed rows after
     each optimizer step, rebuilt from the weights when ``rows`` is None (a dense optimizer, or a checkpoint
     load); only the feature map's own buffers (RFF frequencies) go into checkpoints.
+
+    ``unigram_share`` s > 0 mixes the kernel proposal with the training unigram (``UnigramShare``): round(s m) of
+    each position's m draws come from the unigram and every id is corrected with the mixture's exact log q.
     """
 
     def __init__(
-        self, features: FeatureMap, leaf_size: int | None = None, eps: float = 1e-6, shared: bool = False
+        self,
+        features: FeatureMap,
+        leaf_size: int | None = None,
+        eps: float = 1e-6,
+        shared: bool = False,
+        unigram_share: float = 0.0,
+        num_classes: int | None = None,
+        counts: Tensor | None = None,
     ) -> None:
         super().__init__()
         self.tree = KernelTree(features, leaf_size=leaf_size, eps=eps)
+        self.unigram = UnigramShare(unigram_share, num_classes, counts) if unigram_share else None
         self.shared = bool(shared)
         self._drawn_since_rebuild = False
         self._told_dense = False
@@ -55,22 +68,44 @@ class KernelSampler(Sampler):
 
     def sample(self, hidden: Tensor | None, num_samples: int, inputs: Tensor | None = None) -> tuple[Tensor, Tensor]:
         self._drawn_since_rebuild = True
+        mix = self.unigram
+        num_kernel, num_unigram = mix.split(num_samples) if mix is not None else (num_samples, 0)
         if self.shared:
-            return self.tree.sample_mixture(self.mixture_query(hidden), num_samples)  # (m,) each
+            psi = self.mixture_query(hidden)
+            ids, log_q = self.tree.sample_mixture(psi, num_kernel)  # (m_k,) each
+            if mix is None:
+                return ids, log_q
+            extra = mix.draw(num_unigram)  # (m_u,)
+            ids = torch.cat([ids, extra])  # (m,)
+            return ids, mix.mix(torch.cat([log_q, self.tree.log_q_mixture(psi, extra)]), ids)
         query = self._context(hidden)
         if self.tree.dense_draw_pays(query.shape[0], num_samples):  # small n: every class's q, then draw (same q)
-            return self.tree.sample_dense(query, num_samples)  # (N, m) each
-        return self.tree.sample(query, num_samples)  # (N, m) each
+            if mix is None:
+                return self.tree.sample_dense(query, num_samples)  # (N, m) each
+            log_q = mix.mix(self.tree.log_q_all(query))  # (N, n)
+            ids = torch.multinomial(log_q.exp(), num_samples, replacement=True)  # (N, m)
+            return ids, log_q.gather(1, ids)
+        ids, log_q = self.tree.sample(query, num_kernel)  # (N, m_k) each
+        if mix is None:
+            return ids, log_q
+        extra = mix.draw(num_unigram)  # (m_u,): one set for the batch, u is the same at every position
+        log_extra = kernel_log_q_shared(self.tree, query, extra)  # (N, m_u)
+        ids = torch.cat([ids, extra.expand(query.shape[0], -1)], 1)  # (N, m)
+        return ids, mix.mix(torch.cat([log_q, log_extra], 1), ids)
 
     def log_q(self, hidden: Tensor | None, ids: Tensor, inputs: Tensor | None = None) -> Tensor:
         if self.shared:
-            return self.tree.log_q_mixture(self.mixture_query(hidden), ids)  # ids' shape
-        return self.tree.log_q(self._context(hidden), ids)  # (N, k)
+            log_q = self.tree.log_q_mixture(self.mixture_query(hidden), ids)  # ids' shape
+        else:
+            log_q = self.tree.log_q(self._context(hidden), ids)  # (N, k)
+        return log_q if self.unigram is None else self.unigram.mix(log_q, ids)
 
     def log_q_all(self, hidden: Tensor, num_classes: int, inputs: Tensor | None = None) -> Tensor:
         if self.shared:
-            return self.tree.log_q_all_mixture(self.mixture_query(hidden)).expand(hidden.shape[0], -1)
-        return self.tree.log_q_all(hidden)
+            log_q = self.tree.log_q_all_mixture(self.mixture_query(hidden)).expand(hidden.shape[0], -1)
+        else:
+            log_q = self.tree.log_q_all(hidden)  # (N, n)
+        return log_q if self.unigram is None else self.unigram.mix(log_q)
 
     @staticmethod
     def _context(hidden: Tensor | None) -> Tensor:
@@ -103,8 +138,17 @@ class QuadraticSampler(KernelSampler):
     the tree stores about 2 * 2^ceil(log2(2 n / d)) * F floats: ~2.7 GB at n = 10^6, d = 201.
     """
 
-    def __init__(self, alpha: float = 100.0, leaf_size: int | None = None, eps: float = 1e-6) -> None:
-        super().__init__(QuadraticFeatures(alpha), leaf_size=leaf_size, eps=eps)
+    def __init__(
+        self,
+        alpha: float = 100.0,
+        leaf_size: int | None = None,
+        eps: float = 1e-6,
+        unigram_share: float = 0.0,
+        num_classes: int | None = None,
+        counts: Tensor | None = None,
+    ) -> None:
+        share = {"unigram_share": unigram_share, "num_classes": num_classes, "counts": counts}
+        super().__init__(QuadraticFeatures(alpha), leaf_size=leaf_size, eps=eps, **share)
 
 
 class RFFSampler(KernelSampler):
@@ -123,5 +167,9 @@ class RFFSampler(KernelSampler):
         seed: int = 0,
         leaf_size: int | None = None,
         eps: float = 1e-6,
+        unigram_share: float = 0.0,
+        num_classes: int | None = None,
+        counts: Tensor | None = None,
     ) -> None:
-        super().__init__(RandomFourierFeatures(D, nu, seed, temperature), leaf_size=leaf_size, eps=eps)
+        share = {"unigram_share": unigram_share, "num_classes": num_classes, "counts": counts}
+        super().__init__(RandomFourierFeatures(D, nu, seed, temperature), leaf_size=leaf_size, eps=eps, **share)

@@ -1,0 +1,71 @@
+"""sampler.unigram_share: kernel proposals mixed with the training unigram, q = (1 - s') q_kernel + s' u."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lmtrain.sampler import QuadraticSampler, RFFSampler
+from lmtrain.sampler.kernel import sampler as kernel_sampler
+from lmtrain.sampler.kernel.unigram_share import kernel_log_q_shared
+from tests.test_kernel_shared import assert_draws_follow, queries
+from tests.test_kernel_tree import augmented
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+N_CLASSES, DIM = 120, 6
+
+
+def make_sampler(kind: str, share: float, shared: bool = False) -> RFFSampler | QuadraticSampler:
+    counts = torch.arange(N_CLASSES, 0, -1).double() ** 1.5  # a Zipf-like unigram, far from the kernel's q
+    options = {"unigram_share": share, "num_classes": N_CLASSES, "counts": counts, "leaf_size": 4}
+    sampler = RFFSampler(D=64, seed=3, **options) if kind == "rff" else QuadraticSampler(**options)
+    sampler.share_negatives(shared)
+    sampler.update(augmented(N_CLASSES, DIM, seed=1))
+    return sampler
+
+
+@pytest.mark.parametrize("walk", [False, True], ids=["dense", "walk"])
+@pytest.mark.parametrize("kind", ["quadratic", "rff"])
+def test_per_example_draws_follow_the_mixture_and_log_q_matches(kind, walk, monkeypatch):
+    if walk:  # force the tree walk, with the unigram draws shared by the batch
+        monkeypatch.setattr(kernel_sampler.KernelTree, "dense_draw_pays", lambda *args: False)
+    sampler = make_sampler(kind, share=0.33)
+    query = queries(2, DIM, seed=5)
+    some = torch.tensor([0, 5, 5, 77, N_CLASSES - 1])
+    torch.testing.assert_close(
+        kernel_log_q_shared(sampler.tree, query, some),
+        sampler.tree.log_q(query, some.expand(2, -1)),
+        rtol=1e-4,
+        atol=1e-5,
+    )
+    ids, log_q = sampler.sample(query, 20)
+    assert ids.shape == log_q.shape == (2, 20)
+    assert sampler.unigram.share == pytest.approx(7 / 20)  # round(0.33 * 20) of the 20 draws come from u
+    torch.testing.assert_close(log_q, sampler.log_q(query, ids), rtol=1e-4, atol=1e-5)
+    everything = sampler.log_q_all(query, N_CLASSES).double().exp()  # (2, n)
+    torch.testing.assert_close(everything.sum(1), torch.ones(2, dtype=torch.float64), rtol=1e-5, atol=1e-5)
+    kernel = (everything - 0.35 * sampler.unigram.unigram.log_probs.double().exp()) / 0.65
+    assert kernel.min() > -1e-6, "the mixture minus its unigram part is the kernel proposal, a distribution"
+    draws = torch.cat([sampler.sample(query[:1], 20)[0].reshape(-1) for _ in range(1500)])  # stratified batches
+    assert_draws_follow(draws, everything[0])
+
+
+@pytest.mark.parametrize("kind", ["quadratic", "rff"])
+def test_batch_shared_draws_follow_the_mixture(kind):
+    sampler = make_sampler(kind, share=0.25, shared=True)
+    query = queries(3, DIM, seed=7)
+    ids, log_q = sampler.sample(query, 40)
+    assert ids.shape == log_q.shape == (40,)
+    torch.testing.assert_close(log_q, sampler.log_q(query, ids), rtol=1e-4, atol=1e-5)
+    q = sampler.log_q_all(query, N_CLASSES)[0].double().exp()
+    draws = torch.cat([sampler.sample(query, 40)[0] for _ in range(800)])
+    assert_draws_follow(draws, q)
+
+
+def test_unigram_share_zero_is_the_plain_kernel_and_bad_values_are_refused():
+    assert make_sampler("rff", share=0.0).unigram is None
+    with pytest.raises(ValueError, match="unigram_share must be in"):
+        make_sampler("rff", share=1.0)
+    with pytest.raises(ValueError, match="training-split counts"):
+        RFFSampler(D=8, unigram_share=0.5)
