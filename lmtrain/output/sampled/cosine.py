@@ -28,9 +28,19 @@ class CosineSampledSoftmax(SampledSoftmax):
     Options: ClassVar[type[CosineOptions]] = CosineOptions
     options: CosineOptions
 
+    @property
+    def tau(self) -> float:
+        """The inverse temperature of the logits (``options.tau``)."""
+        return float(self.options.tau)
+
+    @property
+    def norm_eps(self) -> float:
+        """The soft normalization of the hidden state (``options.norm_eps``; 0: exact h / |h|)."""
+        return float(self.options.norm_eps)
+
     def score(self, query: Tensor, rows: Tensor) -> Tensor:
         # divide the dot products by the row norms instead of normalizing the (N, k, d) gathered rows
-        eps, tau = float(self.options.norm_eps), float(self.options.tau)
+        eps, tau = self.norm_eps, self.tau
         if eps > 0:
             unit = query * torch.rsqrt(query.square().sum(-1, keepdim=True) + eps**2)  # (N, d), |.| < 1
         else:
@@ -39,4 +49,4 @@ class CosineSampledSoftmax(SampledSoftmax):
         return tau * dots / rows.norm(dim=-1).clamp_min(1e-12)  # norms (k,) or (N, k)
 
     def extra_repr(self) -> str:
-        return f"tau={self.options.tau:.4g}, norm_eps={self.options.norm_eps:.4g}"
+        return f"tau={self.tau:.4g}, norm_eps={self.norm_eps:.4g}"
