@@ -1,4 +1,4 @@
-"""`python -m lmtrain [overrides]`: the Hydra entry point; all work happens in `lmtrain.run.train`."""
+"""`python -m lmtrain [overrides]`: the Hydra entry point; all work happens in `lmtrain.training.run.train`."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from lmtrain.errors import RunFolder, fail, run_guarded
-from lmtrain.overrides import CONF_DIR, OverrideError
-from lmtrain.preflight import preflight
+from lmtrain.cli.failures import RunFolder, fail, run_guarded
+from lmtrain.cli.overrides import CONF_DIR, OverrideError
+from lmtrain.cli.preflight import preflight
 
 
 def run_folder(args: list[str]) -> RunFolder:
@@ -27,7 +27,7 @@ FOLDER = run_folder(sys.argv[1:])  # before Hydra creates the folder
 
 @hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
-    from lmtrain.run import train
+    from lmtrain.training.run import train
 
     metrics = run_guarded(train, cfg, FOLDER)
     return None if metrics is None else metrics.get("val/ppl_best", metrics.get("val/ppl"))

@@ -28,9 +28,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lmtrain.optim import build_optimizer, clip_grad_norm
 from lmtrain.output import AbsoluteSampledSoftmax, CosineSampledSoftmax, FullSoftmax, SampledSoftmax
 from lmtrain.sampler import QuadraticSampler, RFFSampler, SoftmaxSampler
+from lmtrain.training.optim import build_optimizer, clip_grad_norm
 
 
 def clocks() -> tuple[float, float]:

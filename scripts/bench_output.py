@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lmtrain.overrides import CONF_DIR, compose_config
+from lmtrain.cli.overrides import CONF_DIR, compose_config
 
 DEFAULT_OUTPUTS = ["full", "uniform", "unigram", "exp", "nce", "negative"]
 OPTIONAL_OUTPUTS = ["quadratic", "rff", "hsm", "adaptive"]
@@ -69,7 +69,7 @@ def time_steps(step: Callable[[], None], warmup: int, repeats: int, budget_s: fl
 
 
 def lmtrain_step(output: nn.Module, hidden: Tensor, target: Tensor, optim: str, lr: float) -> Callable[[], None]:
-    from lmtrain.optim import build_optimizer, clip_grad_norm
+    from lmtrain.training.optim import build_optimizer, clip_grad_norm
 
     sparse = output.sparse_parameters()
     sparse_ids = {id(p) for p in sparse}
@@ -126,7 +126,7 @@ def make_step(name: str, n: int, args: argparse.Namespace) -> Callable[[], None]
     hidden = (0.1 * torch.randn(args.positions, args.dim, generator=gen)).requires_grad_()  # (N, d)
     if name == PLAIN:
         return plain_step(n, args.dim, args.num_samples, hidden, target, args.lr)
-    from lmtrain.build import build_output
+    from lmtrain.training.build import build_output
 
     output = build_output(compose_output(name, tuple(args.override), args.num_samples), n, args.dim, counts)
     return lmtrain_step(output, hidden, target, args.optim, args.lr)
@@ -269,7 +269,7 @@ def parser() -> argparse.ArgumentParser:
         help="outputs whose largest/smallest-n ratio is also timed interleaved (default uniform; '' = none)",
     )
     add("--override", action="append", default=[], help="extra Hydra override, e.g. output.unique=true")
-    add("--optim", default="sgd", help="optimizer name for lmtrain.optim.build_optimizer")
+    add("--optim", default="sgd", help="optimizer name for lmtrain.training.optim.build_optimizer")
     add("--lr", type=float, default=0.01)
     add("--seed", type=int, default=0)
     add("--threads", type=int, help="torch.set_num_threads (default: torch's choice)")

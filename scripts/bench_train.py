@@ -4,7 +4,7 @@
 
 Every measurement runs in this one process, rounds interleaved (strategy A, B, ..., plain; then again), so that
 machine load drifts hit all of them alike. A round trains `--steps` optimizer steps of the configured experiment
-(default `zaremba_small`: 2x200 LSTM, batch 20 x 20 steps) through `lmtrain.run.train`, with validation,
+(default `zaremba_small`: 2x200 LSTM, batch 20 x 20 steps) through `lmtrain.training.run.train`, with validation,
 checkpoints and W&B switched off. Its throughput is all tokens after `--warmup` steps over the time they took
 (data loading and every per-step overhead included), from the `tokens_per_sec` values lmtrain writes every
 `--interval` steps (each the mean over its interval, as a real run writes every `trainer.log_every_n_steps`).
@@ -28,10 +28,10 @@ import torch
 import torch.nn.functional as F
 from hydra.utils import instantiate
 
-from lmtrain.memory import reuse_freed_memory
-from lmtrain.overrides import compose_config
-from lmtrain.results import training_throughput
-from lmtrain.run import train
+from lmtrain.cli.overrides import compose_config
+from lmtrain.tools.results import training_throughput
+from lmtrain.training.memory import reuse_freed_memory
+from lmtrain.training.run import train
 
 
 def lmtrain_round(entry: str, args: argparse.Namespace, workdir: Path, index: int) -> float:
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> dict:
         reuse_freed_memory()  # process-wide: both loops alike
     if args.threads:
         torch.set_num_threads(args.threads)
-    torch.set_flush_denormal(True)  # as lmtrain.run.train does, so the reference is not slowed by subnormals
+    torch.set_flush_denormal(True)  # as lmtrain.training.run.train does, so the reference is not slowed by subnormals
     outputs = [o for o in args.outputs.split(",") if o]
     samples: dict[str, list[float]] = {o: [] for o in [*outputs, "plain_full"]}
     with tempfile.TemporaryDirectory() as tmp:

@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lmtrain.report import pyplot, save_figure, val_curve, validated_within_epochs
-from lmtrain.results import load_run, run_labels
+from lmtrain.tools.plots import pyplot, save_figure, val_curve, validated_within_epochs
+from lmtrain.tools.results import load_run, run_labels
 
 
 def main(argv: list[str] | None = None) -> Path:

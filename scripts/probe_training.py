@@ -23,9 +23,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from lmtrain.optim import clip_grad_norm
-from lmtrain.overrides import compose_config
-from lmtrain.run import build_model
+from lmtrain.cli.overrides import compose_config
+from lmtrain.training.assemble import build_model
+from lmtrain.training.optim import clip_grad_norm
 
 
 def grad_norm(params: list[torch.nn.Parameter]) -> float:

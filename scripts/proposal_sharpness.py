@@ -19,10 +19,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from lmtrain.diagnose import held_out_positions
-from lmtrain.diagnostics import all_logits
 from lmtrain.sampler import RFFSampler
-from lmtrain.trained import load_model, resolve_checkpoint
+from lmtrain.tools.diagnose import held_out_positions
+from lmtrain.tools.diagnostics import all_logits
+from lmtrain.tools.trained import load_model, resolve_checkpoint
 
 
 def kl(log_p: torch.Tensor, log_q: torch.Tensor) -> float:

@@ -15,14 +15,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from lmtrain.report import (
-    find_runs,
-    markdown_table,
-    offline_wandb_runs,
-    plot_ppl_vs_samples,
-    plot_val_curves,
-    summarize,
-)
+from lmtrain.tools.plots import plot_ppl_vs_samples, plot_val_curves
+from lmtrain.tools.report import find_runs, markdown_table, offline_wandb_runs, summarize
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from omegaconf import DictConfig
 
-from lmtrain.overrides import compose_config
+from lmtrain.cli.overrides import compose_config
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("WANDB_SILENT", "true")
@@ -74,7 +74,7 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple
     """trained_run(output, corpus) -> (run folder, final metrics) of a tiny run trained for 8 steps and tested with
     data.eval_batch_size=1, one per (output, corpus) in the session. corpus "synthetic": no <eos>, no <unk>;
     "text": write_text_corpus, lines end in <eos> and the vocabulary has <unk>."""
-    from lmtrain.run import train
+    from lmtrain.training.run import train
 
     runs: dict[tuple[str, str], tuple[Path, dict[str, float]]] = {}
 

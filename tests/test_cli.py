@@ -38,6 +38,8 @@ def run_cli(*args: str, cwd: Path, module: str = "lmtrain") -> subprocess.Comple
         (["output=bogus"], "unknown output 'bogus'"),
         (["sampler.D=1024"], "sampler.D is not an option of output=full"),
         (["optim.lr=abc", "data=synthetic"], "optim.lr must be a number, got 'abc'"),
+        (["trainer.max_epochs=abc"], "trainer.max_epochs must be an integer or null, got 'abc'"),
+        (["++foo=1"], "unknown key foo (the top level takes callbacks, checkpoint_every_n_steps"),
         (["trainer.max_epoch=1"], "unknown key trainer.max_epoch: did you mean trainer.max_epochs?"),
         (["data=text", "data.path=DOES/NOT/EXIST", "logger=csv"], "corpus folder"),
         (["ckpt_path=missing.ckpt", "data=synthetic", "logger=csv"], "missing.ckpt does not exist"),

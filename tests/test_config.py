@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from lmtrain.overrides import CONF_DIR, GROUPS, OverrideError, check_overrides, choices
+from lmtrain.cli.overrides import CONF_DIR, GROUPS, OverrideError, check_overrides, choices
 from tests.conftest import make_config
 
 try:

@@ -1,8 +1,8 @@
-"""Data layer: corpora, tokenizer + cache, downloads/errors, synthetic source, TBPTT batching, DDP rows."""
+"""Data layer: corpora, tokenizer + cache, downloads and errors, the data configs (synthetic source: test_synthetic.py;
+batching: test_batching.py)."""
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import time
@@ -13,20 +13,13 @@ import pytest
 import torch
 
 import lmtrain.data.tokenizer as tokmod
+from lmtrain.cli.overrides import CONF_DIR
 from lmtrain.data import (
     DataError,
     LMDataModule,
-    StreamSampler,
-    SyntheticDataModule,
     TextDataModule,
-    WindowDataset,
-    ZipfMarkovSource,
-    batchify,
-    synthetic_corpus,
 )
-from lmtrain.data.synthetic import zipf_probs
 from lmtrain.data.text import format_line
-from lmtrain.overrides import CONF_DIR
 
 SHARED = Path(os.environ.get("LMTRAIN_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
@@ -245,118 +238,3 @@ def test_hydra_data_configs(tmp_path: Path) -> None:
                 dm.setup()
                 assert len(dm.train_dataloader()) == dm.num_train_windows
         assert "root" in compose(overrides=["+data=ptb"]).data
-
-
-# ---------------------------------------------------------------- synthetic source
-
-
-def test_synthetic_entropy_rate_matches_long_sample() -> None:
-    source = ZipfMarkovSource(100, zipf_s=1.0, mix=0.3, seed=3)
-    p, pi = source.transition, source.stationary
-    assert torch.allclose(p.sum(1), torch.ones(100, dtype=torch.float64))
-    assert torch.allclose(pi @ p, pi, atol=1e-12) and abs(float(pi.sum()) - 1) < 1e-12
-    x = source.sample(1_000_000, torch.Generator().manual_seed(7))
-    nll = -p[x[:-1], x[1:]].log()  # (N-1,) true conditional surprisal
-    assert abs(float(nll.mean()) - source.entropy_rate) < 0.01
-    pairs = torch.bincount(x[:-1] * 100 + x[1:], minlength=100 * 100).view(100, 100).double()
-    cond = pairs / pairs.sum(1, keepdim=True).clamp_min(1)
-    plug_in = float(-(pairs * cond.clamp_min(1e-300).log()).sum() / pairs.sum())
-    assert source.entropy_rate - 0.03 < plug_in < source.entropy_rate + 0.005  # plug-in is biased low
-    freq = torch.bincount(x, minlength=100).double() / len(x)
-    assert float((freq - pi).abs().max()) < 0.003
-
-
-def test_synthetic_entropy_rate_exact_case() -> None:
-    # mix = 1: every row is the global Zipf, so H is the Zipf entropy and pi is the Zipf itself
-    source = ZipfMarkovSource(50, zipf_s=1.3, mix=1.0, seed=0)
-    z = zipf_probs(50, 1.3)
-    assert math.isclose(source.entropy_rate, float(-(z * z.log()).sum()), rel_tol=1e-12)
-    assert torch.allclose(source.stationary, z, atol=1e-12)
-
-
-def test_synthetic_corpus_deterministic_and_frequency_ordered() -> None:
-    a = synthetic_corpus(vocab_size=60, train_tokens=20_000, valid_tokens=3_000, test_tokens=2_000, seed=5)
-    b = synthetic_corpus(vocab_size=60, train_tokens=20_000, valid_tokens=3_000, test_tokens=2_000, seed=5)
-    c = synthetic_corpus(vocab_size=60, train_tokens=20_000, valid_tokens=3_000, test_tokens=2_000, seed=6)
-    assert torch.equal(a.train, b.train) and torch.equal(a.valid, b.valid) and torch.equal(a.test, b.test)
-    assert a.entropy_rate == b.entropy_rate and not torch.equal(a.train, c.train)
-    assert (len(a.train), len(a.valid), len(a.test)) == (20_000, 3_000, 2_000)
-    assert a.vocab[:3] == ["w0", "w1", "w2"] and "<eos>" not in a.vocab
-    assert torch.equal(a.counts, torch.bincount(a.train, minlength=60))
-    assert bool((a.counts[:-1] >= a.counts[1:]).all())
-    assert 0 < a.entropy_rate < math.log(60)
-    with pytest.raises(DataError, match="vocab_size"):
-        synthetic_corpus(vocab_size=1)
-
-
-def test_synthetic_datamodule() -> None:
-    dm = SyntheticDataModule(vocab_size=50, train_tokens=5_000, valid_tokens=1_000, test_tokens=1_000)
-    dm.setup()
-    assert dm.num_classes == 50 and dm.entropy_rate is not None and dm.entropy_rate > 0
-    x, y = next(iter(dm.val_dataloader()))
-    assert x.shape == (10, 35) and torch.equal(x[:, 1:], y[:, :-1])
-
-
-# ---------------------------------------------------------------- batching, resume, DDP
-
-
-def test_batchify_and_windows_cover_the_stream_in_order() -> None:
-    ids = torch.arange(103)
-    data = batchify(ids, 4)  # (4, 25), 3 tokens dropped
-    assert data.shape == (4, 25) and torch.equal(data[1], torch.arange(25, 50))
-    windows = WindowDataset(data, bptt=7)
-    assert len(windows) == math.ceil(24 / 7) == 4
-    inputs = torch.cat([windows[i][0] for i in range(len(windows))], 1)
-    targets = torch.cat([windows[i][1] for i in range(len(windows))], 1)
-    assert torch.equal(inputs, data[:, :-1]) and torch.equal(targets, data[:, 1:])
-    assert windows[3][0].shape == (4, 3)  # the last window is shorter
-    for i in range(len(windows) - 1):  # continuity: the next window starts where this one's targets end
-        assert torch.equal(windows[i][1][:, -1], windows[i + 1][0][:, 0])
-    with pytest.raises(DataError, match="too few"):
-        batchify(torch.arange(5), 4)
-
-
-def test_train_loader_resume_mid_epoch() -> None:
-    dm = SyntheticDataModule(
-        vocab_size=30, train_tokens=4_000, valid_tokens=500, test_tokens=500, batch_size=4, bptt=10
-    )
-    dm.setup()
-    full = list(dm.train_dataloader())
-    assert len(full) == dm.num_train_windows == math.ceil((4_000 // 4 - 1) / 10)
-    dm.train_sampler.set_start(37)
-    loader = dm.train_dataloader()
-    assert len(loader) == dm.num_train_windows  # the epoch length Lightning plans with stays the same
-    resumed = list(loader)
-    assert len(resumed) == dm.num_train_windows - 37
-    for (x, y), (x_ref, y_ref) in zip(resumed, full[37:], strict=True):
-        assert torch.equal(x, x_ref) and torch.equal(y, y_ref)
-    assert dm.train_sampler.start == 0 and len(list(dm.train_dataloader())) == dm.num_train_windows
-    sampler = StreamSampler(dm.num_train_windows, start=12)
-    other = StreamSampler(dm.num_train_windows)
-    other.load_state_dict(sampler.state_dict())
-    assert next(iter(other)) == 12
-    with pytest.raises(DataError, match="same data"):
-        StreamSampler(5).load_state_dict(sampler.state_dict())
-
-
-def test_ddp_ranks_see_the_single_process_positions() -> None:
-    kw = dict(vocab_size=30, train_tokens=3_000, valid_tokens=800, test_tokens=800, batch_size=4, bptt=9)
-    single = SyntheticDataModule(**kw)
-    single.setup()
-    ranks = []
-    for rank in range(2):
-        dm = SyntheticDataModule(**kw)
-        dm.trainer = types.SimpleNamespace(world_size=2, global_rank=rank)
-        dm.setup()
-        ranks.append(dm)
-    for make in ("train_dataloader", "val_dataloader", "test_dataloader"):
-        one = list(getattr(single, make)())
-        parts = [list(getattr(dm, make)()) for dm in ranks]
-        assert len(parts[0]) == len(parts[1]) == len(one)
-        for (x, y), (x0, y0), (x1, y1) in zip(one, *parts, strict=True):
-            assert torch.equal(x, torch.cat([x0, x1])) and torch.equal(y, torch.cat([y0, y1]))
-    odd = SyntheticDataModule(**{**kw, "batch_size": 3})
-    odd.trainer = types.SimpleNamespace(world_size=2, global_rank=0)
-    odd.setup()
-    with pytest.raises(DataError, match="not divisible"):
-        odd.train_dataloader()

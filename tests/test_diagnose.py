@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 
-from lmtrain.diagnose import main as diagnose_main
-from lmtrain.diagnostics import all_logits, gradient_bias, hidden_spread, proposal_kl
 from lmtrain.output import SampledSoftmax
-from lmtrain.run import train
 from lmtrain.sampler import SoftmaxSampler, UniformSampler
+from lmtrain.tools.diagnose import main as diagnose_main
+from lmtrain.tools.diagnostics import all_logits, gradient_bias, hidden_spread, proposal_kl
+from lmtrain.training.run import train
 
 
 def peaked_model(sampler_cls: type, n: int = 40, d: int = 8, positions: int = 30) -> tuple[SampledSoftmax, ...]:

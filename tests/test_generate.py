@@ -6,8 +6,6 @@ import pytest
 import torch
 
 from lmtrain.data.vocab import Vocabulary
-from lmtrain.generate import Sampling, context_ids, generate, pick, render
-from lmtrain.generate import main as generate_main
 from lmtrain.output import (
     NCE,
     AbsoluteSampledSoftmax,
@@ -20,7 +18,9 @@ from lmtrain.output import (
     SampledSoftmax,
 )
 from lmtrain.sampler import UniformSampler, UnigramSampler
-from lmtrain.trained import load_trained
+from lmtrain.tools.generate import Sampling, context_ids, generate, pick, render
+from lmtrain.tools.generate import main as generate_main
+from lmtrain.tools.trained import load_trained
 
 STRATEGIES = ["full", "unigram", "rff", "nce", "hsm", "adaptive"]
 N, D = 37, 16
@@ -96,6 +96,7 @@ def test_text_run_starts_after_eos_and_breaks_lines(trained_run, capsys):
     assert "<eos>" in generated.words  # lines are ~6 words long
     assert generated.text.count("\n") == generated.words.count("<eos>") and "<eos>" not in generated.text
     assert render(["a", "b", "<eos>", "<eos>", "c"]) == "a b\n\nc"
+    capsys.readouterr()  # drop what training the fixture's run printed, when this test trained it
     assert generate_main([f"ckpt_path={run}", "prompt=w1 qqq", "num_tokens=3", "seed=3"]) == 0
     out = capsys.readouterr()
     assert out.out.startswith("w1 qqq") and "1 prompt word(s) not in the vocabulary" in out.err

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from lmtrain.build import build_output
-from lmtrain.optim import build_optimizer
 from lmtrain.output import HierarchicalSoftmax
 from lmtrain.output.trees import TreePaths, balanced_tree, huffman_tree, two_level_tree
+from lmtrain.training.build import build_output
+from lmtrain.training.optim import build_optimizer
 from tests.conftest import SHARED_DATA, make_config
 
 TREES = ["huffman", "balanced", "two_level"]
@@ -174,10 +174,10 @@ def test_a_step_touches_only_the_rows_on_the_target_paths(tree):
     output.loss(hidden, target).backward()
     touched = set(output.weight.grad.coalesce().indices()[0].tolist())
     if tree == "two_level":
-        bins = output.bin_of[target]
-        expected = set(output.members[bins].reshape(-1).tolist()) | set(output.bin_rows.tolist())
+        bins = output.layout.bin_of[target]
+        expected = set(output.layout.members[bins].reshape(-1).tolist()) | set(output.layout.bin_rows.tolist())
     else:
-        expected = set(output.path_nodes[target][output.path_mask[target]].tolist())
+        expected = set(output.layout.nodes[target][output.layout.mask[target]].tolist())
     assert touched == expected
     assert len(touched) < output.weight.shape[0] // 2
 

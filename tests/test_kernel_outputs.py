@@ -6,11 +6,11 @@ import pytest
 import torch
 from hydra.errors import InstantiationException
 
-from lmtrain.build import build_output
-from lmtrain.optim import build_optimizer
 from lmtrain.output import AbsoluteSampledSoftmax, CosineSampledSoftmax
 from lmtrain.sampler import QuadraticSampler, RFFSampler
 from lmtrain.sampler.kernel import KernelTree
+from lmtrain.training.build import build_output
+from lmtrain.training.optim import build_optimizer
 from tests.conftest import make_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -129,11 +129,11 @@ def test_configs_build_the_kernel_strategies():
     features = output.sampler.features
     assert features.num_frequencies == 96 and features.nu == pytest.approx(4.0) and features.seed == 7
     assert features.omega.shape == (96, 16)
-    assert output.tau == pytest.approx(1 / 0.3**2) and output.num_samples == 100
+    assert output.options.tau == pytest.approx(1 / 0.3**2) and output.num_samples == 100
 
     cfg = make_config(["~data", "output=rff", "sampler.temperature=0.25", "output.tau=5"])
     output = build_output(cfg, num_classes=500, dim=16, counts=counts)
-    assert output.sampler.features.nu == pytest.approx(16.0) and output.tau == 5.0
+    assert output.sampler.features.nu == pytest.approx(16.0) and output.options.tau == 5.0
 
     cfg = make_config(["~data", "output=quadratic", "sampler.leaf_size=8"])
     output = build_output(cfg, num_classes=500, dim=16, counts=counts)

@@ -8,11 +8,11 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from lmtrain.build import build_output
-from lmtrain.optim import build_optimizer
 from lmtrain.output import AbsoluteSampledSoftmax, CosineSampledSoftmax
 from lmtrain.sampler import QuadraticSampler, RFFSampler
 from lmtrain.sampler.kernel import KernelTree, RandomFourierFeatures
+from lmtrain.training.build import build_output
+from lmtrain.training.optim import build_optimizer
 from tests.conftest import make_config
 from tests.test_kernel_outputs import assert_tree_matches_weights
 from tests.test_kernel_tree import PATHS, augmented, make_tree

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import platform
 
-from lmtrain.memory import reuse_freed_memory
+from lmtrain.training.memory import reuse_freed_memory
 
 
 def test_reuse_freed_memory_applies_exactly_where_glibc_is():

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmtrain.build import build_output
-from lmtrain.overrides import choices, compose_config
+from lmtrain.cli.overrides import choices, compose_config
+from lmtrain.training.build import build_output
 
 NUM_CLASSES, DIM, N = 60, 8, 12
 

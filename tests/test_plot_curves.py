@@ -11,9 +11,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import plot_curves  # noqa: E402
 
-from lmtrain.csv_logger import AppendingExperimentWriter  # noqa: E402
-from lmtrain.report import val_curve, validated_within_epochs  # noqa: E402
-from lmtrain.results import load_run, read_metrics, run_labels  # noqa: E402
+from lmtrain.tools.plots import val_curve, validated_within_epochs  # noqa: E402
+from lmtrain.tools.results import load_run, read_metrics, run_labels  # noqa: E402
+from lmtrain.training.loggers.metrics_csv import AppendingExperimentWriter  # noqa: E402
 
 
 def fake_run(folder: Path, name: str, val: list[float], exact_train: bool) -> Path:

@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 
-from lmtrain.build import build_output
+from lmtrain.cli.overrides import CONF_DIR
 from lmtrain.output import SampledSoftmax
-from lmtrain.overrides import CONF_DIR
 from lmtrain.sampler import Sampler, SoftmaxSampler, UniformSampler, UnigramSampler
+from lmtrain.training.build import build_output
 
 N_CLASSES, DIM = 30, 8
 

@@ -15,9 +15,9 @@ from torch.utils.data import DataLoader
 
 from lmtrain.data import WindowDataset, batchify
 from lmtrain.data.vocab import Vocabulary
-from lmtrain.score import main as score_main
-from lmtrain.score import score
-from lmtrain.trained import load_trained
+from lmtrain.tools.score import main as score_main
+from lmtrain.tools.score import score
+from lmtrain.tools.trained import load_trained
 
 STRATEGIES = ["full", "unigram", "rff", "nce", "hsm", "adaptive", "bigram"]
 

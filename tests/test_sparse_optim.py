@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-from lmtrain.optim import MixedOptimizer, build_optimizer, clip_grad_norm, grad_norm
 from lmtrain.output import NCE, SampledSoftmax
 from lmtrain.sampler import UniformSampler, UnigramSampler
+from lmtrain.training.optim import MixedOptimizer, build_optimizer, clip_grad_norm, grad_norm
 
 N_CLASSES, DIM, IN = 50, 6, 4
 ROOT = Path(__file__).resolve().parent.parent

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmtrain import threads
+from lmtrain.training import threads
 
 
 @pytest.fixture

@@ -10,10 +10,10 @@ import math
 import pytest
 import torch
 
-from lmtrain.checkpoints import CheckpointError
-from lmtrain.errors import run_guarded
-from lmtrain.module import NonFiniteLossError
-from lmtrain.run import train
+from lmtrain.cli.failures import run_guarded
+from lmtrain.training.checkpoints import CheckpointError
+from lmtrain.training.module import NonFiniteLossError
+from lmtrain.training.run import train
 from tests.helpers import SimulatedCrash
 
 

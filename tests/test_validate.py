@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lmtrain.errors import RunFolder, discard_run_folder
-from lmtrain.overrides import CONF_DIR, OverrideError
-from lmtrain.preflight import preflight
-from lmtrain.validate import PARTS, ConfigError, RunOptions, check_config
+from lmtrain.cli.failures import RunFolder, discard_run_folder
+from lmtrain.cli.overrides import CONF_DIR, OverrideError
+from lmtrain.cli.preflight import preflight
+from lmtrain.training.checks import PARTS, ConfigError, RunOptions, check_config
 from tests.conftest import make_config
 
 
@@ -86,7 +86,7 @@ def test_top_level_options_are_the_keys_of_train_yaml():
 
 
 def test_train_checks_its_config_too_and_what_needs_the_data(tiny_config, tmp_path):
-    from lmtrain.run import train
+    from lmtrain.training.run import train
 
     with pytest.raises(ConfigError, match="optim.lr must be a number"):
         train(tiny_config("optim.lr=abc"))

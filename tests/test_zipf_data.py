@@ -8,9 +8,10 @@ import pytest
 import torch
 from scipy.stats import chi2
 
+from lmtrain.cli.overrides import CONF_DIR
 from lmtrain.data import DataError, LMDataModule, ZipfDataModule, ZipfTopicSource, zipf_topic_corpus
 from lmtrain.data.synthetic import zipf_probs
-from lmtrain.overrides import CONF_DIR
+from lmtrain.data.zipf_topics import ZipfTopicOptions
 
 
 def dense_transition(source: ZipfTopicSource) -> torch.Tensor:
@@ -87,9 +88,12 @@ def test_memory_is_linear_in_the_number_of_types():
 
 
 def test_corpus_is_deterministic_frequency_ordered_and_named():
-    options = dict(num_classes=5_000, train_tokens=30_000, valid_tokens=3_000, test_tokens=2_000)
-    a, b = zipf_topic_corpus(**options, seed=7), zipf_topic_corpus(**options, seed=7)
-    c = zipf_topic_corpus(**options, seed=8)
+    options = dict(vocab_size=5_000, train_tokens=30_000, valid_tokens=3_000, test_tokens=2_000)
+    a, b = (
+        zipf_topic_corpus(ZipfTopicOptions(**options, seed=7)),
+        zipf_topic_corpus(ZipfTopicOptions(**options, seed=7)),
+    )
+    c = zipf_topic_corpus(ZipfTopicOptions(**options, seed=8))
     assert torch.equal(a.train, b.train) and torch.equal(a.valid, b.valid) and torch.equal(a.test, b.test)
     assert a.entropy_rate == b.entropy_rate != c.entropy_rate and not torch.equal(a.train, c.train)
     assert (len(a.train), len(a.valid), len(a.test), a.num_classes) == (30_000, 3_000, 2_000, 5_000)
@@ -100,14 +104,14 @@ def test_corpus_is_deterministic_frequency_ordered_and_named():
 
 def test_bad_settings_raise_data_errors():
     for options, message in (
-        ({"num_classes": 1}, "num_classes"),
+        ({"vocab_size": 1}, "num_classes"),
         ({"zipf_s": 0.0}, "zipf_s"),
         ({"topic_size": 0.5}, "topic_size"),
         ({"mix": 0.0}, "mix"),
         ({"train_tokens": 1}, "train_tokens"),
     ):
         with pytest.raises(DataError, match=message):
-            zipf_topic_corpus(**{"num_classes": 100, **options})
+            zipf_topic_corpus(ZipfTopicOptions(**{"vocab_size": 100, **options}))
 
 
 def test_data_zipf_config_builds_the_datamodule():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
@@ -14,10 +15,10 @@ from torch.utils.data import DataLoader
 from lmtrain.data.batching import StreamLoader, StreamSampler, WindowDataset, batchify, shard_rows
 from lmtrain.data.corpus import Corpus
 from lmtrain.data.errors import DataError
-from lmtrain.data.synthetic import synthetic_corpus
+from lmtrain.data.synthetic import SyntheticOptions, synthetic_corpus
 from lmtrain.data.text import ensure_corpus, hub_source
 from lmtrain.data.tokenizer import load_corpus
-from lmtrain.data.zipf_topics import zipf_topic_corpus
+from lmtrain.data.zipf_topics import ZipfTopicOptions, zipf_topic_corpus
 
 
 class LMDataModule(L.LightningDataModule):
@@ -154,28 +155,23 @@ class SyntheticDataModule(LMDataModule):
     data config, and unused.
     """
 
+    Options = SyntheticOptions  # the source's keys (``lmtrain.training.build.constructor_params`` reads them)
+
     def __init__(
         self,
-        vocab_size: int = 100,
-        train_tokens: int = 200_000,
-        valid_tokens: int = 20_000,
-        test_tokens: int = 20_000,
-        zipf_s: float = 1.0,
-        mix: float = 0.3,
-        seed: int = 0,
         batch_size: int = 32,
         bptt: int = 35,
         eval_batch_size: int = 10,
         name: str = "synthetic",
         cache_dir: str | None = None,
+        **source: Any,
     ) -> None:
         super().__init__(batch_size, bptt, eval_batch_size)
         self.name = name
-        self.options = dict(vocab_size=vocab_size, train_tokens=train_tokens, valid_tokens=valid_tokens,
-                            test_tokens=test_tokens, zipf_s=zipf_s, mix=mix, seed=seed)  # fmt: skip
+        self.options = SyntheticOptions(**source)
 
     def load_corpus(self) -> Corpus:
-        return synthetic_corpus(**self.options)
+        return synthetic_corpus(self.options)
 
 
 class ZipfDataModule(LMDataModule):
@@ -185,28 +181,20 @@ class ZipfDataModule(LMDataModule):
     a few seconds for 10^6 types); ``cache_dir`` is accepted, like in every data config, and unused.
     """
 
+    Options = ZipfTopicOptions  # the source's keys (``lmtrain.training.build.constructor_params`` reads them)
+
     def __init__(
         self,
-        vocab_size: int = 100_000,
-        train_tokens: int = 1_000_000,
-        valid_tokens: int = 100_000,
-        test_tokens: int = 100_000,
-        zipf_s: float = 1.0,
-        topic_size: float = 10.0,
-        mix: float = 0.1,
-        seed: int = 0,
         batch_size: int = 20,
         bptt: int = 35,
         eval_batch_size: int = 10,
         name: str = "zipf",
         cache_dir: str | None = None,
+        **source: Any,
     ) -> None:
         super().__init__(batch_size, bptt, eval_batch_size)
         self.name = name
-        sizes = dict(
-            num_classes=vocab_size, train_tokens=train_tokens, valid_tokens=valid_tokens, test_tokens=test_tokens
-        )
-        self.options = dict(**sizes, zipf_s=zipf_s, topic_size=topic_size, mix=mix, seed=seed)
+        self.options = ZipfTopicOptions(**source)
 
     def load_corpus(self) -> Corpus:
-        return zipf_topic_corpus(**self.options)
+        return zipf_topic_corpus(self.options)

@@ -18,6 +18,7 @@ instead of P_i, which moves the best achievable loss by well under 0.01 nats.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -100,35 +101,51 @@ def frequency_order(train: Tensor, num_classes: int) -> tuple[Tensor, Tensor]:
     return remap, counts[order]
 
 
-def generated_corpus(name: str, source: Any, sizes: dict[str, int], seed: int) -> Corpus:
-    """Train/valid/test streams of ``sizes`` tokens sampled from ``source`` (seeded per split), ids remapped to
+@dataclass
+class GeneratedSplits:
+    """The token counts of a generated corpus's train/valid/test streams, and the seed of its source and draws."""
+
+    train_tokens: int = 200_000
+    valid_tokens: int = 20_000
+    test_tokens: int = 20_000
+    seed: int = 0
+
+
+@dataclass
+class SyntheticOptions(GeneratedSplits):
+    """``data=synthetic``: the Zipf-Markov source over ``vocab_size`` tokens (``zipf_s``, ``mix``) and its splits."""
+
+    vocab_size: int = 100
+    zipf_s: float = 1.0
+    mix: float = 0.3
+
+
+def generated_corpus(name: str, source: Any, splits: GeneratedSplits) -> Corpus:
+    """Train/valid/test streams of ``splits`` tokens sampled from ``source`` (seeded per split), ids remapped to
     train-frequency order and named ``w0, w1, ...``; the source's exact ``entropy_rate`` comes along."""
+    sizes = {
+        "train_tokens": splits.train_tokens,
+        "valid_tokens": splits.valid_tokens,
+        "test_tokens": splits.test_tokens,
+    }
     for key, value in sizes.items():
         if value < 2:
             raise DataError(f"{name} {key} is {value}: set data.{key} to at least 2.")
-    splits = [
-        source.sample(length, torch.Generator().manual_seed(seed + 1_000_003 * (k + 1)))
-        for k, length in enumerate((sizes["train_tokens"], sizes["valid_tokens"], sizes["test_tokens"]))
+    splits_ids = [
+        source.sample(length, torch.Generator().manual_seed(splits.seed + 1_000_003 * (k + 1)))
+        for k, length in enumerate(sizes.values())
     ]
     num_classes = source.num_classes
-    remap, counts = frequency_order(splits[0], num_classes)
-    train, valid, test = (remap[ids] for ids in splits)
+    remap, counts = frequency_order(splits_ids[0], num_classes)
+    train, valid, test = (remap[ids] for ids in splits_ids)
     vocab = [f"w{i}" for i in range(num_classes)]
     return Corpus(name, vocab, counts, train, valid, test, entropy_rate=source.entropy_rate)
 
 
-def synthetic_corpus(
-    vocab_size: int = 100,
-    train_tokens: int = 200_000,
-    valid_tokens: int = 20_000,
-    test_tokens: int = 20_000,
-    zipf_s: float = 1.0,
-    mix: float = 0.3,
-    seed: int = 0,
-) -> Corpus:
+def synthetic_corpus(options: SyntheticOptions) -> Corpus:
     """Sample train/valid/test from a seeded ZipfMarkovSource, ids remapped to train-frequency order.
 
     Tokens are named ``w0, w1, ...`` by frequency rank; there is no ``<eos>`` (the source has no lines).
     """
-    sizes = {"train_tokens": train_tokens, "valid_tokens": valid_tokens, "test_tokens": test_tokens}
-    return generated_corpus("synthetic", ZipfMarkovSource(vocab_size, zipf_s=zipf_s, mix=mix, seed=seed), sizes, seed)
+    source = ZipfMarkovSource(options.vocab_size, zipf_s=options.zipf_s, mix=options.mix, seed=options.seed)
+    return generated_corpus("synthetic", source, options)

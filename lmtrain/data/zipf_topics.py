@@ -24,13 +24,14 @@ entries in all, and the part mix pi_j off T's support enters in closed form thro
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from lmtrain.data.corpus import Corpus
 from lmtrain.data.errors import DataError
-from lmtrain.data.synthetic import generated_corpus, zipf_probs
+from lmtrain.data.synthetic import GeneratedSplits, generated_corpus, zipf_probs
 
 
 def overlaps(ends_a: Tensor, ends_b: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -170,18 +171,22 @@ class ZipfTopicSource:
         return torch.log(self.mix * self.probs[token] + (1 - self.mix) * t)
 
 
-def zipf_topic_corpus(
-    num_classes: int = 100_000,
-    train_tokens: int = 1_000_000,
-    valid_tokens: int = 100_000,
-    test_tokens: int = 100_000,
-    zipf_s: float = 1.0,
-    topic_size: float = 10.0,
-    mix: float = 0.1,
-    seed: int = 0,
-) -> Corpus:
+@dataclass
+class ZipfTopicOptions(GeneratedSplits):
+    """``data=zipf``: the topic source over ``vocab_size`` types (``zipf_s``, ``topic_size``, ``mix``), its splits."""
+
+    train_tokens: int = 1_000_000
+    valid_tokens: int = 100_000
+    test_tokens: int = 100_000
+    vocab_size: int = 100_000
+    zipf_s: float = 1.0
+    topic_size: float = 10.0
+    mix: float = 0.1
+
+
+def zipf_topic_corpus(options: ZipfTopicOptions) -> Corpus:
     """Train/valid/test streams from a seeded ``ZipfTopicSource`` (independent stationary samples), ids remapped
     to train-frequency order and named ``w0, w1, ...``; no ``<eos>``."""
-    sizes = {"train_tokens": train_tokens, "valid_tokens": valid_tokens, "test_tokens": test_tokens}
-    source = ZipfTopicSource(num_classes, zipf_s=zipf_s, topic_size=topic_size, mix=mix, seed=seed)
-    return generated_corpus("zipf", source, sizes, seed)
+    o = options
+    source = ZipfTopicSource(o.vocab_size, zipf_s=o.zipf_s, topic_size=o.topic_size, mix=o.mix, seed=o.seed)
+    return generated_corpus("zipf", source, o)

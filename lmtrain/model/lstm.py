@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
 State = tuple[Tensor, Tensor]  # (h, c), each (num_layers, B, hidden_dim)
@@ -37,10 +36,6 @@ class LSTMEncoder(nn.Module):
     @property
     def output_dim(self) -> int:
         return self.hidden_dim
-
-    def initial_state(self, batch_size: int, device: torch.device | None = None) -> State:
-        zeros = torch.zeros(self.num_layers, batch_size, self.hidden_dim, device=device)
-        return zeros, zeros.clone()
 
     def forward(self, tokens: Tensor, state: State | None = None) -> tuple[Tensor, State]:
         """tokens (B, T) -> hidden (B, T, hidden_dim), new state."""

@@ -1,14 +1,18 @@
-"""Output strategies: one file each, all behind ``OutputLayer`` (docs/architecture.md)."""
+"""Output strategies: one file each, all behind ``OutputLayer`` (docs/architecture.md); the sampled family in
+``sampled/``. Configs and checkpoints name the classes here (``lmtrain.output.CosineSampledSoftmax``)."""
 
 from lmtrain.output.adaptive import AdaptiveSoftmax
 from lmtrain.output.base import OutputLayer
 from lmtrain.output.full import FullSoftmax
 from lmtrain.output.hsm import HierarchicalSoftmax
-from lmtrain.output.nce import NCE
-from lmtrain.output.negative import NegativeSampling
-from lmtrain.output.quadratic import AbsoluteSampledSoftmax
-from lmtrain.output.rff import CosineSampledSoftmax
-from lmtrain.output.sampled import SampledSoftmax
+from lmtrain.output.sampled import (
+    NCE,
+    AbsoluteSampledSoftmax,
+    CosineSampledSoftmax,
+    NegativeSampling,
+    SampledOutput,
+    SampledSoftmax,
+)
 
 __all__ = [
     "AbsoluteSampledSoftmax",
@@ -19,5 +23,6 @@ __all__ = [
     "NCE",
     "NegativeSampling",
     "OutputLayer",
+    "SampledOutput",
     "SampledSoftmax",
 ]

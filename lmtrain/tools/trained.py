@@ -16,12 +16,12 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from lmtrain.build import needs_train_ids
-from lmtrain.checkpoints import CheckpointError, check_compatible, read_checkpoint
 from lmtrain.data.errors import DataError
 from lmtrain.data.vocab import VOCAB_FILE, Vocabulary
-from lmtrain.module import LanguageModel
-from lmtrain.run import build_model, build_module
+from lmtrain.training.assemble import build_model, build_module
+from lmtrain.training.build import needs_train_ids
+from lmtrain.training.checkpoints import CheckpointError, check_compatible, read_checkpoint
+from lmtrain.training.module import LanguageModel
 
 
 def parse_options(

@@ -23,7 +23,7 @@ class OptimOptions:
     weight_decay: float = 0.0
     sparse_lr: float | None = None  # learning rate of the sparse output rows (default lr)
     sparse_optimizer: Literal["sparse_adam", "adagrad"] = "sparse_adam"  # adam: the optimizer of the sparse rows
-    schedule: dict[str, Any] | None = None  # lmtrain.schedule.ScheduleOptions
+    schedule: dict[str, Any] | None = None  # lmtrain.training.schedule.ScheduleOptions
 
 
 def torch_optimizer(name: str) -> type[torch.optim.Optimizer] | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from lmtrain.output.sampled import SampledSoftmax
+from lmtrain.output.sampled.softmax import SampledSoftmax
 
 
 class AbsoluteSampledSoftmax(SampledSoftmax):

@@ -1,4 +1,4 @@
-"""The run's loggers: metrics.csv always, plus the configured ones (W&B), and the end of a W&B run."""
+"""W&B plumbing: the run's group and job type, its console output, and the end of a run."""
 
 from __future__ import annotations
 
@@ -7,12 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hydra.utils import get_class, instantiate
-from lightning.pytorch.loggers import Logger, WandbLogger
-from omegaconf import DictConfig, OmegaConf
-
-from lmtrain.build import accepted
-from lmtrain.csv_logger import MetricsCSVLogger
+from omegaconf import DictConfig
 
 
 def wandb_settings(cfg: DictConfig, output_choice: str | None) -> dict[str, Any]:
@@ -35,32 +30,6 @@ def console_settings(mode: str | None) -> dict[str, Any]:
     if "WANDB_SILENT" in os.environ or "WANDB_QUIET" in os.environ:
         return {}
     return {"silent": True} if (mode or "offline") in ("offline", "disabled") else {"quiet": True}
-
-
-def build_loggers(
-    cfg: DictConfig, run_dir: Path, name: str, resume_id: str | None, output_choice: str | None = None
-) -> list[Logger]:
-    """A CSV logger (every run leaves run_dir/metrics.csv) plus the configured ones (W&B)."""
-    loggers: list[Logger] = [
-        MetricsCSVLogger(save_dir=str(run_dir), name="", version="", flush_logs_every_n_steps=10**9)
-    ]
-    for spec in (cfg.get("logger") or {}).values():
-        extra = {"name": name, "save_dir": str(run_dir)}
-        if resume_id:
-            extra.update(id=resume_id, resume="allow")
-        kwargs = accepted(spec._target_, extra)
-        if issubclass(get_class(spec._target_), WandbLogger):  # passed on to wandb.init through its **kwargs
-            kwargs.update(wandb_settings(cfg, output_choice))
-            if "settings" not in spec:
-                kwargs["settings"] = console_settings(spec.get("mode"))
-        logger = instantiate(spec, **kwargs, _convert_="all")
-        if isinstance(logger, WandbLogger):
-            # Lightning always passes anonymous=None to wandb.init, and W&B warns that the setting has no effect
-            if logger._wandb_init.get("anonymous", False) is None:
-                del logger._wandb_init["anonymous"]
-            logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))  # the run's resolved config
-        loggers.append(logger)
-    return loggers
 
 
 def finish_wandb(exit_code: int = 0) -> Path | None:

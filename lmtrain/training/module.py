@@ -7,12 +7,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lmtrain.checkpoints import get_rng_states, set_rng_states
 from lmtrain.model import State
-from lmtrain.optim import build_optimizer, clip_grad_norm
 from lmtrain.output import OutputLayer
-from lmtrain.schedule import build_scheduler
-from lmtrain.step_metrics import StepMetrics
+from lmtrain.training.ddp import ddp_ignored, global_state, mean_over_ranks, rank_block
+from lmtrain.training.optim import build_optimizer, clip_grad_norm
+from lmtrain.training.rng import get_rng_states, set_rng_states
+from lmtrain.training.schedule import build_scheduler
+from lmtrain.training.step_metrics import StepMetrics
 
 
 class NonFiniteLossError(RuntimeError):
@@ -141,37 +142,12 @@ class LanguageModel(StepMetrics):
     # --- multi-process (DDP) -----------------------------------------------------------------------
     def setup(self, stage: str) -> None:
         if self.trainer.world_size > 1:  # runs before the strategy wraps this module in DistributedDataParallel
-            # DDP cannot reduce the sparse row gradients of plain parameters (on_before_optimizer_step does), and
-            # broadcasting the output's derived buffers (kernel trees) every step would cost O(tree): every rank
-            # keeps them identical itself, from identical weights and identical reduced gradients
-            sparse = {id(p) for p in self.output.sparse_parameters()}
-            ignored = [f"output.{n}" for n, p in self.output.named_parameters() if id(p) in sparse]
-            self._ddp_params_and_buffers_to_ignore = ignored + [f"output.{n}" for n, _ in self.output.named_buffers()]
+            self._ddp_params_and_buffers_to_ignore = ddp_ignored(self.output, "output.")
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         if self.trainer.world_size > 1:  # DDP averaged the dense gradients; average the sparse ones alike
             for param in self.output.sparse_parameters():
-                param.grad = self._mean_over_ranks(param)
-
-    def _mean_over_ranks(self, param: nn.Parameter) -> Tensor:
-        """The mean over ranks of a (sparse row) gradient, coalesced: the same tensor on every rank."""
-        grad, world = param.grad, self.trainer.world_size
-        if grad is None:
-            empty_rows = torch.empty(1, 0, dtype=torch.long, device=param.device)
-            grad = torch.sparse_coo_tensor(empty_rows, param.new_empty(0, *param.shape[1:]), param.shape)
-        if not grad.is_sparse:
-            return self.trainer.strategy.reduce(grad, reduce_op="mean")
-        grad = grad.coalesce()
-        rows, values = grad.indices()[0], grad.values()  # (k,), (k, d)
-        counts = self.all_gather(torch.tensor(rows.numel(), device=param.device))  # (world,)
-        most = int(counts.max())
-        padded_rows = rows.new_zeros(most)
-        padded_rows[: rows.numel()] = rows
-        padded_values = values.new_zeros(most, *values.shape[1:])
-        padded_values[: rows.numel()] = values
-        all_rows, all_values = self.all_gather(padded_rows), self.all_gather(padded_values)  # (world, most[, d])
-        keep = torch.arange(most, device=param.device) < counts[:, None]  # (world, most): drop the padding
-        return torch.sparse_coo_tensor(all_rows[keep][None], all_values[keep] / world, param.shape).coalesce()
+                param.grad = mean_over_ranks(param, self)
 
     # --- exact resume ------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -185,7 +161,7 @@ class LanguageModel(StepMetrics):
             logger.save()
         checkpoint["lmtrain"] = {
             "batches_done": self._batches_done,
-            "state": self._global_state(),
+            "state": global_state(self._state["train"], self),
             "signature": getattr(self, "signature", {}),
             "wandb_id": getattr(self, "wandb_id", None),
             "rng": get_rng_states(),
@@ -203,19 +179,8 @@ class LanguageModel(StepMetrics):
         if not finished and 0 < done < self._batches_per_epoch():
             # before Lightning creates (and prefetches from) the loader iterator: start at the next window
             self.trainer.datamodule.train_sampler.set_start(done)
-            state = saved["state"]
-            if state is not None and self.trainer.world_size > 1:  # this rank's block of the global batch's rows
-                rows, rank = state[0].shape[1] // self.trainer.world_size, self.trainer.global_rank
-                state = (state[0][:, rank * rows : (rank + 1) * rows], state[1][:, rank * rows : (rank + 1) * rows])
+            state = rank_block(saved["state"], self.trainer)  # this rank's rows of the global batch
             self._state["train"], self._batches_done, self._continue_epoch = state, done, True
-
-    def _global_state(self) -> State | None:
-        """The carried training state for all rows of the global batch (under DDP gathered from the ranks)."""
-        state = self._state["train"]
-        if state is None or self.trainer.world_size <= 1:
-            return state
-        h, c = (self.all_gather(s) for s in state)  # (world, layers, B / world, d): rank blocks in row order
-        return h.transpose(0, 1).flatten(1, 2), c.transpose(0, 1).flatten(1, 2)  # (layers, B, d)
 
     def _batches_per_epoch(self) -> int:
         """Lightning's num_training_batches, computed before Lightning knows it (windows and limit_train_batches)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import sys
 import typing
@@ -38,8 +39,11 @@ def constructor_params(cls: type) -> tuple[dict[str, Any], bool]:
 
     A constructor with ``**kwargs`` forwards them to its base class, so the named parameters along the
     class hierarchy count, up to the first constructor without ``**kwargs``; open is True when there is none.
+    A class whose ``Options`` is a dataclass (the sampled strategies) takes that dataclass's fields as its
+    ``**options``.
     """
     params: dict[str, Any] = {}
+    options = getattr(cls, "Options", None)
     for klass in cls.__mro__:
         if "__init__" not in vars(klass) or klass is object:
             continue
@@ -50,6 +54,9 @@ def constructor_params(cls: type) -> tuple[dict[str, Any], bool]:
                 params.setdefault(name, hints.get(name, Any))
         if not any(p.kind is p.VAR_KEYWORD for p in signature.values()):
             return params, False
+        if isinstance(options, type) and dataclasses.is_dataclass(options):
+            option_hints = typing.get_type_hints(options)
+            return {**params, **{f.name: option_hints[f.name] for f in dataclasses.fields(options)}}, False
     return params, True
 
 

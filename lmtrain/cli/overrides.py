@@ -7,7 +7,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-CONF_DIR = Path(__file__).resolve().parent / "conf"  # the Hydra config tree, shipped as package data
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"  # the Hydra config tree, shipped as package data
 GROUPS = ("data", "model", "sampler", "output", "optim", "trainer", "logger", "experiment")
 _SAMPLER_DEFAULT = re.compile(r"override\s+/sampler@_global_\.sampler:\s*(\w+)")
 

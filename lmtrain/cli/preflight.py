@@ -13,7 +13,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from lmtrain.overrides import CONF_DIR, OverrideError, check_overrides
+from lmtrain.cli.overrides import CONF_DIR, OverrideError, check_overrides
 
 MULTIRUN_FLAGS = ("-m", "--multirun")
 
@@ -64,7 +64,7 @@ def split_jobs(overrides: list[str], multirun: bool) -> tuple[list[list[str]], l
 
 
 def first_problem(cfg: DictConfig) -> str | None:
-    from lmtrain.validate import config_problems
+    from lmtrain.training.checks import config_problems
 
     return next(config_problems(cfg), None)
 
@@ -89,7 +89,7 @@ def compose_checked(overrides: list[str], hydra: bool = False) -> DictConfig:
 
 def explain(exc: BaseException, overrides: list[str]) -> str:
     """A compose error in one line; a key that is not in the config gets the closest existing key."""
-    from lmtrain.validate import unknown_key
+    from lmtrain.training.checks import unknown_key
 
     full_key = _missing_key(exc)
     if full_key is None:
@@ -115,7 +115,7 @@ def _target_params(node: DictConfig) -> list[str]:
         return []
     from hydra.utils import get_class
 
-    from lmtrain.build import RUNTIME_ARGS, constructor_params
+    from lmtrain.training.build import RUNTIME_ARGS, constructor_params
 
     try:
         params, _ = constructor_params(get_class(str(node._target_)))

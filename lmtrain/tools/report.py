@@ -1,4 +1,4 @@
-"""Sweep reports: find the jobs of a multirun folder, tabulate them in markdown, plot perplexity curves.
+"""Sweep reports: find the jobs of a multirun folder and tabulate them in markdown (plots: ``plots.py``).
 
 Used by ``scripts/summarize.py``; reads only what runs leave on disk (metrics.csv, run.json, .hydra/).
 """
@@ -18,7 +18,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from lmtrain.results import RunRecord, load_run
+from lmtrain.tools.results import RunRecord, load_run
 
 
 @dataclass
@@ -168,97 +168,6 @@ def markdown_table(rows: list[SummaryRow], root: Path | None = None) -> str:
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
-
-
-def pyplot() -> Any:
-    """matplotlib.pyplot on the non-interactive Agg backend (no display needed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def plot_ppl_vs_samples(rows: list[SummaryRow], path: str | Path, metric: str = "test") -> Path:
-    """Test perplexity (``metric="val"``: best validation perplexity; best val where a run has no test) against m,
-    one line per sampler, log x.
-
-    Strategies without samples (full softmax) are drawn as horizontal reference lines, as in Blanc & Rendle Fig. 2.
-    """
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    use_test = metric == "test" and any(r.test_ppl is not None for r in rows)
-    score = [(r, r.test_ppl if use_test else r.best_val_ppl) for r in rows]
-    score = [(r, s) for r, s in score if r.finished and s is not None and math.isfinite(s)]  # final values only
-    for label in sorted({r.label for r, _ in score if r.num_samples is not None}):
-        points = [(r.num_samples, s) for r, s in score if r.label == label and r.num_samples is not None]
-        sizes = sorted({m for m, _ in points})
-        means = [statistics.mean(s for m, s in points if m == size) for size in sizes]  # repeated runs (seeds)
-        (line,) = ax.plot(sizes, means, marker="o", label=label)
-        if len(points) > len(sizes):
-            ax.scatter([m for m, _ in points], [s for _, s in points], s=12, color=line.get_color(), alpha=0.5)
-    references = [(r, s) for r, s in score if r.num_samples is None]
-    styles = ["--", ":", "-.", (0, (5, 1, 1, 1))]  # several references (full, hsm, adaptive) must stay apart
-    for i, (r, s) in enumerate(references):
-        shade = str(0.15 + 0.45 * i / max(len(references) - 1, 1))  # dark to mid gray
-        ax.axhline(s, ls=styles[i % len(styles)], lw=1.2, color=shade, label=f"{r.label} (no m): {s:,.0f}")
-    ax.set(xscale="log", yscale="log", xlabel="number of samples m", title="perplexity against sample size")
-    sizes = sorted({r.num_samples for r, _ in score if r.num_samples is not None})
-    if sizes:  # label the m values of the sweep, not powers of ten
-        ax.set_xticks(sizes, [str(m) for m in sizes])
-        ax.xaxis.set_minor_locator(plt.NullLocator())
-    ax.set_ylabel("test perplexity" if use_test else "best validation perplexity")
-    ax.grid(True, which="both", alpha=0.3)
-    if ax.lines:
-        ax.legend(fontsize=8)
-    return save_figure(fig, path, plt)
-
-
-def validated_within_epochs(runs: Iterable[RunRecord]) -> bool:
-    """Whether some run was validated several times per epoch (trainer.val_check_interval): then validation
-    curves are plotted against the optimizer step rather than the epoch."""
-    return any(
-        len({e for _, e, _ in r.series["val/ppl"]}) < len(r.series["val/ppl"]) for r in runs if r.series.get("val/ppl")
-    )
-
-
-def val_curve(run: RunRecord, by_step: bool) -> tuple[list[int], list[float]]:
-    """x (step or epoch, 1-based) and validation perplexity of a run."""
-    val = run.series.get("val/ppl", [])
-    return [(s if by_step else e) + 1 for s, e, _ in val], [v for _, _, v in val]
-
-
-def plot_val_curves(rows: list[SummaryRow], path: str | Path) -> Path:
-    """Validation perplexity per epoch (or per step), one line per strategy, one panel per m (RF-softmax, Fig. 3)."""
-    plt = pyplot()
-    curves = [r for r in rows if r.run.series.get("val/ppl")]
-    sizes = sorted({r.num_samples for r in curves if r.num_samples is not None}) or [None]
-    by_step = validated_within_epochs([r.run for r in curves])
-    fig, axes = plt.subplots(1, len(sizes), figsize=(5.5 * len(sizes), 4.5), squeeze=False)
-    xlabel = "optimizer step" if by_step else "epochs trained"
-    for ax, m in zip(axes[0], sizes, strict=True):
-        for row in curves:
-            if row.num_samples in (m, None):
-                ls = "--" if row.num_samples is None else "-"
-                ax.plot(*val_curve(row.run, by_step), ls=ls, marker="o", label=row.label)
-        ax.set(xlabel=xlabel, ylabel="validation perplexity (exact)", yscale="log")
-        ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
-        ax.set_title("all runs" if m is None else f"m = {m}")
-        ax.grid(True, which="both", alpha=0.3)
-        if ax.lines:
-            ax.legend(fontsize=8)
-    return save_figure(fig, path, plt)
-
-
-def save_figure(fig: Any, path: str | Path, plt: Any) -> Path:
-    """Lay out, write (creating the folder) and close ``fig``."""
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120, bbox_inches="tight")  # with a legend placed outside the axes
-    plt.close(fig)
-    return out
 
 
 def offline_wandb_runs(root: str | Path) -> list[Path]:

@@ -51,7 +51,7 @@ def run_guarded(
     """Run `train`; a failure marks the W&B run failed. A known failure prints one line (single run: exit 2);
     in a sweep every failure ends only its job (logged, with the traceback for unknown ones) and the sweep goes on.
     A single run that failed before it wrote anything of value removes its run folder (see ``RunFolder``)."""
-    from lmtrain.module import NonFiniteLossError
+    from lmtrain.training.module import NonFiniteLossError
 
     try:
         return train(cfg)
@@ -102,7 +102,7 @@ def discard_run_folder(run_dir: Path, folder: RunFolder) -> bool:
 def mark_wandb_failed() -> Path | None:
     """Finish this process's W&B run as failed; its folder when it was an offline run."""
     try:
-        from lmtrain.loggers import finish_wandb
+        from lmtrain.training.loggers.wandb_run import finish_wandb
 
         return finish_wandb(exit_code=1)
     except Exception:  # W&B bookkeeping must never hide the real error

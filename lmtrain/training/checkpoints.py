@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import os
-import random
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import yaml
 from lightning.pytorch.plugins.io import TorchCheckpointIO
@@ -93,22 +91,3 @@ def find_last(run_dir: Path, search_root: Path, overrides: list[str]) -> Path:
             f"{wanted}; pass ckpt_path=PATH/TO/last.ckpt"
         )
     return max(candidates, key=lambda p: p.stat().st_mtime)
-
-
-def get_rng_states() -> dict[str, Any]:
-    """torch, numpy and python RNG states as tensors and ints (loadable with torch.load(weights_only=True))."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    version, internal, extra = random.getstate()
-    return {
-        "torch": torch.get_rng_state(),
-        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss)),
-        "python": (version, torch.tensor(internal, dtype=torch.int64), extra),
-    }
-
-
-def set_rng_states(states: dict[str, Any]) -> None:
-    torch.set_rng_state(states["torch"])
-    kind, keys, pos, has_gauss, gauss = states["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
-    version, internal, extra = states["python"]
-    random.setstate((version, tuple(internal.tolist()), extra))

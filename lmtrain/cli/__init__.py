@@ -1,0 +1,1 @@
+"""The command line around the tools: overrides checked before Hydra starts, and failures as one line."""

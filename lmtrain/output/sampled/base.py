@@ -1,0 +1,159 @@
+"""What the sampled family shares: the class matrix, scores, exact log-probabilities, drawing, the after-step hook."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from lmtrain.output.base import OutputLayer, changed_rows, initial_bias
+from lmtrain.output.exact import chunked_logsumexp
+from lmtrain.output.rows import gather_rows
+from lmtrain.output.sampled.estimators import draw_negatives
+from lmtrain.output.sampled.options import BiasOptions, SampledOptions
+from lmtrain.sampler.base import Sampler
+
+# per-example scoring: one dense product with the distinct rows when they number at most this many times m
+# (measured with scripts/bench_output.py --per-example; see docs/strategies.md)
+DENSE_RATIO = 20
+
+
+class Draw(NamedTuple):
+    """One step's negatives, scored: the query vectors, the drawn ids and their log q (``draw``), the number of
+    draws for distinct negatives (else None), and the scores of the targets (N, 1) and of the negatives (N, m)."""
+
+    query: Tensor  # (N, d')
+    ids: Tensor  # (m,) shared or (N, m) per position
+    log_q: Tensor  # like ids
+    tries: Tensor | None
+    target_score: Tensor  # (N, 1)
+    noise_score: Tensor  # (N, m)
+
+
+class SampledOutput(OutputLayer):
+    """The base of every strategy trained on the target plus ``num_samples`` negatives drawn from ``sampler``.
+
+    Classes are one augmented matrix ``weight`` (n, d + 1) = [W, b] (or (n, d) without a bias), so that a logit is
+    ``query(h) . weight[i]`` and one sparse gather serves W and b. A leaf adds only its loss (``loss``) and, where
+    its model differs, its logit (``score``); evaluation is always the exact softmax over the same scores.
+    ``Options`` is the leaf's options dataclass, built from the constructor's keywords into ``self.options``.
+    ``shared_negatives`` (None = the sampler's own mode) asks for one set of m negatives for the whole batch or
+    for m per position; a kernel sampler then switches mode, the others keep theirs (see ``SampledSoftmax``).
+    ``bias_init="log_unigram"`` starts the biases at the log of the smoothed training unigram (``counts``).
+    """
+
+    Options: ClassVar[type[SampledOptions]] = SampledOptions
+    signed_scores: ClassVar[bool] = True  # False where the logit is |o|: then only zero biases make sense
+
+    def __init__(
+        self, num_classes: int, dim: int, sampler: Sampler, counts: Tensor | None = None, **options: Any
+    ) -> None:
+        super().__init__()
+        self.options = opts = self.Options(**options)
+        if opts.shared_negatives is not None:
+            sampler.share_negatives(opts.shared_negatives)  # kernel samplers switch mode; the others keep theirs
+        self.shared_negatives = not sampler.per_example if opts.shared_negatives is None else opts.shared_negatives
+        self.has_bias = isinstance(opts, BiasOptions) and opts.bias
+        if isinstance(opts, BiasOptions) and opts.bias_init != "zero" and not self.signed_scores:
+            raise ValueError(
+                f"{type(self).__name__} scores |o|, so its biases start at zero; got bias_init={opts.bias_init!r}"
+            )
+        self.check_options(num_classes, sampler)
+        self.num_classes, self.dim = num_classes, dim
+        self.sampler = sampler
+        self.weight = nn.Parameter(torch.empty(num_classes, dim + int(self.has_bias)))
+        nn.init.uniform_(self.weight, -opts.init_range, opts.init_range)
+        if self.has_bias:
+            with torch.no_grad():
+                self.weight[:, -1] = initial_bias(opts.bias_init, num_classes, counts)
+        self.sampler.use_scores(self.score)  # a softmax proposal is then this model's softmax (any subclass)
+        self.sampler.update(self.weight.detach())
+        # derived sampler state (trees) is never stored: rebuild it from the loaded weights
+        self.register_load_state_dict_post_hook(lambda module, _: module.sampler.update(module.weight.detach()))
+
+    def check_options(self, num_classes: int, sampler: Sampler) -> None:
+        """Checks of the options that need the vocabulary size or the sampler; default none."""
+
+    @property
+    def num_samples(self) -> int:
+        """m, the negatives per step (``options.num_samples``; ``lmtrain.diagnose`` sets it)."""
+        return self.options.num_samples
+
+    @num_samples.setter
+    def num_samples(self, value: int) -> None:
+        self.options.num_samples = value
+
+    def sparse_parameters(self) -> list[nn.Parameter]:
+        return [self.weight] if self.options.sparse else []
+
+    # --- scores -------------------------------------------------------------------------------
+    def query(self, hidden: Tensor) -> Tensor:
+        """(N, d) -> (N, d') vectors whose dot product with a weight row is the logit."""
+        if not self.has_bias:
+            return hidden
+        return torch.cat([hidden, hidden.new_ones(hidden.shape[0], 1)], dim=1)
+
+    def score(self, query: Tensor, rows: Tensor) -> Tensor:
+        """query (N, d'), rows (k, d') shared or (N, k, d') per example -> logits (N, k)."""
+        if rows.dim() == 2:
+            return query @ rows.T
+        if rows.shape[1] == 1:  # one row per example (the targets): a row-wise dot, no batched matmul
+            return (query.unsqueeze(1) * rows).sum(2)
+        return torch.einsum("nd,nkd->nk", query, rows)
+
+    def query_scores(self, query: Tensor, ids: Tensor) -> Tensor:
+        """Logits of the given ids, (m,) shared or (N, m) per example -> (N, m), for query vectors (N, d') built
+        once per step; the gradient into ``weight`` is sparse.
+
+        Per-example ids (N, m) that repeat a lot (N m draws over few distinct classes, as on a small vocabulary)
+        are scored as one dense product with their u distinct rows, (N, d') x (d', u), then picked per position:
+        N u d' multiply-adds in a matrix product cost less than gathering N m rows once u <= ``DENSE_RATIO`` m.
+        """
+        if ids.dim() == 2 and ids.shape[1] > 1:
+            distinct, inverse = torch.unique(ids, return_inverse=True)  # (u,), (N, m)
+            if distinct.numel() <= DENSE_RATIO * ids.shape[1]:
+                scores = self.score(query, gather_rows(self.weight, distinct, self.options.sparse))  # (N, u)
+                return scores.gather(1, inverse)  # (N, m)
+        return self.score(query, gather_rows(self.weight, ids, self.options.sparse))
+
+    # --- exact evaluation ---------------------------------------------------------------------
+    def log_normalizer(self, hidden: Tensor) -> Tensor:
+        """(N, d) -> (N,) log of the sum over all classes of exp(score)."""
+        query = self.query(hidden)
+        chunk = self.options.eval_chunk
+        return chunked_logsumexp(lambda s, e: self.score(query, self.weight[s:e]), self.num_classes, chunk)
+
+    def log_prob(self, hidden: Tensor, target: Tensor) -> Tensor:
+        target_score = self.query_scores(self.query(hidden), target.unsqueeze(1))[:, 0]  # (N,)
+        return target_score - self.log_normalizer(hidden)
+
+    def log_probs_all(self, hidden: Tensor) -> Tensor:
+        return torch.log_softmax(self.score(self.query(hidden), self.weight), dim=1)  # (N, n), the same scores
+
+    # --- training -------------------------------------------------------------------------------
+    def draw(
+        self, hidden: Tensor, inputs: Tensor | None = None, query: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Negatives: ids (m,) shared or (N, m) per example, their log q, and for distinct draws the number of
+        tries (else None). The sampler gets the query vectors (N, d') (``query``, when the caller has built them
+        already) and the input tokens ``inputs`` (N,) as context."""
+        context = (self.query(hidden) if query is None else query).detach()  # (N, d'); context-free samplers ignore it
+        ids, log_q = draw_negatives(self.sampler, self.options.num_samples, context, inputs, self.shared_negatives)
+        return ids, log_q, None
+
+    def scored_draw(self, hidden: Tensor, target: Tensor, inputs: Tensor | None = None) -> Draw:
+        """``draw`` and the scores of the targets and the negatives, from query vectors built once."""
+        query = self.query(hidden)  # (N, d')
+        ids, log_q, tries = self.draw(hidden, inputs, query)
+        return Draw(
+            query, ids, log_q, tries, self.query_scores(query, target.unsqueeze(1)), self.query_scores(query, ids)
+        )
+
+    def target_log_q(self, query: Tensor, target: Tensor, inputs: Tensor | None = None) -> Tensor:
+        """log q of each position's target (N, 1) under the proposal of that position (query (N, d'), inputs (N,));
+        a batch-shared proposal is the same for every position."""
+        return self.sampler.log_q(query.detach(), target.unsqueeze(1), inputs=inputs)  # (N, 1)
+
+    def after_optimizer_step(self) -> None:
+        self.sampler.update(self.weight.detach(), changed_rows(self.weight))

@@ -1,0 +1,90 @@
+"""The per-position losses of the sampled family as small functions (the maths is in docs/strategies.md).
+
+Shapes: N positions, m negatives; a target's logit is (N, 1), the negatives' logits (N, m), and their log q
+(N, m) per position or (m,) shared by the batch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from lmtrain.sampler.base import Sampler
+
+
+def accidental_hits(ids: Tensor, target: Tensor) -> Tensor:
+    """(N, m) True where a negative equals its position's target; ``ids`` (m,) shared or (N, m)."""
+    return ids.unsqueeze(0) == target.unsqueeze(1) if ids.dim() == 1 else ids == target.unsqueeze(1)
+
+
+def classic_logits(neg_logits: Tensor, log_q: Tensor, num_samples: int) -> Tensor:
+    """Negatives corrected by ln(m q) (Bengio & Senecal): o_j - ln m - ln q_j."""
+    return neg_logits - (math.log(num_samples) + log_q)
+
+
+def exact_logits(neg_logits: Tensor, log_q: Tensor, log_q_target: Tensor, hits: Tensor, num_samples: int) -> Tensor:
+    """Negatives corrected for the proposal with the target removed, q_j / (1 - q_t), over the k_t = m - hits
+    negatives kept (their hits are masked by the caller); ``log_q_target`` (N,)."""
+    kept = (num_samples - hits.sum(1)).clamp(min=1)  # (N,) k_t
+    log_rest = torch.log(-torch.expm1(log_q_target.clamp(max=-1e-7)))  # (N,) ln(1 - q_t)
+    return neg_logits - (kept.log() - log_rest).unsqueeze(1) - log_q
+
+
+def expected_count_logits(neg_logits: Tensor, log_q: Tensor, tries: Tensor) -> Tensor:
+    """Distinct negatives drawn in ``tries`` draws, corrected by their expected counts E_j = 1 - (1 - q_j)^tries."""
+    log_count = torch.log(-torch.expm1(tries * torch.log1p(-log_q.exp().clamp(max=1 - 1e-7))))
+    return neg_logits - log_count
+
+
+def softmax_nll(target_logit: Tensor, neg_logits: Tensor) -> Tensor:
+    """(N,) -log of the target's softmax among itself and the (corrected) negatives."""
+    logits = torch.cat([target_logit, neg_logits], dim=1)  # (N, 1 + m)
+    return torch.logsumexp(logits, dim=1) - target_logit[:, 0]
+
+
+def noise_contrast_logits(score: Tensor, log_q: Tensor, num_samples: int, log_z: Tensor) -> Tensor:
+    """NCE's logit of "data, not noise": Δ = s - ln q - (ln k + ln Z)."""
+    return score - log_q - (math.log(num_samples) + log_z)
+
+
+def logistic_loss(target_logit: Tensor, noise_logit: Tensor) -> Tensor:
+    """(N,) logistic regression of the target (N, 1) against the noise draws (N, m): softplus(-t) + Σ softplus(n)."""
+    return F.softplus(-target_logit).sum(1) + F.softplus(noise_logit).sum(1)
+
+
+def draw_negatives(
+    sampler: Sampler, num_samples: int, context: Tensor, inputs: Tensor | None, shared: bool
+) -> tuple[Tensor, Tensor]:
+    """m negatives and their log q: (N, m) per position, or (m,) for the batch when ``shared`` (or a
+    per-example sampler's own draws); a context-free sampler draws N x m at once for per-position negatives."""
+    if sampler.per_example or shared:
+        return sampler.sample(context, num_samples, inputs=inputs)
+    ids, log_q = sampler.sample(context, context.shape[0] * num_samples)  # (N * m,) context-free
+    return ids.view(context.shape[0], -1), log_q.view(context.shape[0], -1)  # (N, m) each
+
+
+def draw_unique(
+    sampler: Sampler, num_samples: int, context: Tensor | None = None, inputs: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Draw from a shared proposal (context-free, or batch-shared given the batch's ``context`` (N, d') and
+    ``inputs`` (N,)) until ``num_samples`` distinct ids are seen.
+
+    Returns the distinct ids (m,), their log q (m,), and the number of draws it took (scalar tensor).
+    """
+    drawn: list[Tensor] = []
+    seen = 0
+    while seen < num_samples:
+        batch, _ = sampler.sample(context, num_samples, inputs=inputs)
+        drawn.append(batch)
+        seen = torch.unique(torch.cat(drawn)).numel()
+    stream = torch.cat(drawn)  # (T,) all draws in order
+    uniq, inverse = torch.unique(stream, return_inverse=True)
+    first = torch.full((uniq.numel(),), stream.numel(), dtype=torch.long, device=stream.device)
+    first.scatter_reduce_(0, inverse, torch.arange(stream.numel(), device=stream.device), "amin")
+    order = first.argsort()[:num_samples]  # the first m distinct ids in draw order
+    ids = uniq[order]
+    tries = first[order].max() + 1  # draws needed to see m distinct ids
+    return ids, sampler.log_q(context, ids, inputs=inputs), tries.to(torch.get_default_dtype())

@@ -1,0 +1,135 @@
+"""Exact perplexity of any text file under a trained model, with the log-probability of every line.
+
+    python -m lmtrain.score ckpt_path=RUN file=FILE [out=CSV] [device=auto]
+
+The file is read as training reads its splits: one sentence per line, words outside the run's vocabulary read as
+``<unk>``, and an ``<eos>`` after every line when the vocabulary has one (text corpora). The model reads the file as
+one stream with its state carried, like validation and test, from an ``<eos>`` first, so every word and every
+line's ``<eos>`` is predicted; a vocabulary without ``<eos>`` (synthetic data) has no such start, and the first word
+is only read. Each log-probability is the strategy's exact ``log_prob``. Prints the perplexity exp(-sum log p /
+tokens) and writes a CSV with one row per line: ``line`` (from 1), ``tokens`` (predicted, ``<eos>`` included),
+``unknown`` (words read as ``<unk>``), ``log_prob`` (natural log, summed over the line) and ``ppl``
+(exp(-log_prob / tokens)). ``out`` defaults to RUN/score/STEM.csv and never replaces a file there (STEM-2.csv, ...).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from lmtrain.cli.failures import fail
+from lmtrain.data.errors import DataError
+from lmtrain.data.vocab import Vocabulary
+from lmtrain.tools.trained import load_trained, parse_options
+from lmtrain.training.module import LanguageModel
+
+DEFAULTS: dict[str, str] = {"ckpt_path": "", "file": "", "out": "", "device": "auto"}
+WINDOW = 256  # positions per forward pass (bounds the output layer's memory); the state is carried across
+
+
+@dataclass(frozen=True)
+class Score:
+    """Totals of a scored file; ``csv`` holds its per-line rows."""
+
+    file: Path
+    lines: int
+    tokens: int
+    unknown: int
+    log_prob: float
+    csv: Path
+
+    @property
+    def ppl(self) -> float:
+        """exp of the mean negative log-probability per predicted token."""
+        return math.exp(-self.log_prob / self.tokens)
+
+
+def encode_file(vocab: Vocabulary, path: Path) -> tuple[Tensor, Tensor, list[int]]:
+    """The stream the model reads (L,), the line of each predicted token (L - 1,), and unknown words per line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise DataError(f"file={path} is not UTF-8 text ({err.reason}): convert it to UTF-8") from err
+    except OSError as err:
+        raise DataError(f"file={path} cannot be read ({err.strerror})") from err
+    lines, unknown = vocab.encode_text(text)
+    context = [] if vocab.eos is None else [vocab.eos]
+    stream = torch.tensor(context + [token for line in lines for token in line], dtype=torch.long)
+    line_of = torch.repeat_interleave(torch.arange(len(lines)), torch.tensor([len(line) for line in lines]))
+    if stream.numel() < 2:
+        raise DataError(f"file={path} has nothing to score: it needs at least {2 - len(context)} word(s)")
+    return stream, line_of[line_of.numel() - (stream.numel() - 1) :], unknown
+
+
+@torch.no_grad()
+def stream_log_probs(module: LanguageModel, stream: Tensor, device: torch.device, window: int = WINDOW) -> Tensor:
+    """Exact log p of stream[1:] (float64, (L - 1,)), each given everything before it, windows with carried state."""
+    parts, state = [], None
+    for start in range(0, stream.numel() - 1, window):
+        targets = stream[start + 1 : start + window + 1]
+        inputs = stream[start : start + targets.numel()]
+        hidden, state = module.encoder(inputs[None].to(device), state)  # (1, T, d)
+        parts.append(module.output.log_prob(hidden[0], targets.to(device)).double().cpu())  # (T,)
+    return torch.cat(parts)
+
+
+def default_out(run_dir: Path, file: Path) -> Path:
+    """RUN/score/STEM.csv, or STEM-2.csv, STEM-3.csv, ... when taken."""
+    path, number = run_dir / "score" / f"{file.stem}.csv", 1
+    while path.exists():
+        number += 1
+        path = run_dir / "score" / f"{file.stem}-{number}.csv"
+    return path
+
+
+def write_rows(path: Path, tokens: Tensor, unknown: list[int], log_prob: Tensor) -> None:
+    """The per-line CSV (see the module docstring)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(["line", "tokens", "unknown", "log_prob", "ppl"])
+        for index, (count, lp) in enumerate(zip(tokens.tolist(), log_prob.tolist(), strict=True)):
+            ppl = f"{math.exp(-lp / count):.6g}" if count else ""
+            writer.writerow([index + 1, count, unknown[index], repr(lp), ppl])
+
+
+def score(argv: list[str]) -> Score:
+    """Run ``python -m lmtrain.score`` with these arguments: score the file, write the CSV, return the totals."""
+    options, overrides = parse_options(argv, DEFAULTS)
+    if not options["file"]:
+        raise ValueError("pass file=PATH/TO/text.txt, the text to score (one sentence per line)")
+    file = Path(options["file"]).expanduser()
+    if not file.is_file():  # before loading the model: a typo fails at once
+        raise DataError(f"file={file} does not exist; pass the text file to score (one sentence per line)")
+    trained = load_trained(options["ckpt_path"], overrides["data."], options["device"])
+    stream, line_of, unknown = encode_file(trained.vocab, file)
+    log_p = stream_log_probs(trained.module, stream, trained.device)  # (L - 1,)
+    per_line = torch.zeros(len(unknown), dtype=torch.float64).index_add_(0, line_of, log_p)
+    tokens = torch.bincount(line_of, minlength=len(unknown))
+    out = Path(options["out"]).expanduser() if options["out"] else default_out(trained.run_dir, file)
+    try:
+        write_rows(out, tokens, unknown, per_line)
+    except OSError as err:
+        raise ValueError(f"cannot write the per-line CSV {out} ({err.strerror}); pass out=A/WRITABLE/PATH.csv") from err
+    return Score(file, len(unknown), int(tokens.sum()), sum(unknown), float(log_p.sum()), out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: prints the totals; bad input prints one line and exits with code 2."""
+    try:
+        result = score(sys.argv[1:] if argv is None else argv)
+    except (ValueError, FileNotFoundError) as exc:  # CheckpointError, DataError and bad arguments are ValueErrors
+        fail(str(exc).strip().splitlines()[0])
+    print(
+        f"{result.file}: {result.lines} lines, {result.tokens} tokens predicted, {result.unknown} words read as <unk>\n"
+        f"log-prob {result.log_prob:.2f} nats, {-result.log_prob / result.tokens:.4f} nats/token, "
+        f"perplexity {result.ppl:.3f}\nper-line log-probabilities: {result.csv}",
+        flush=True,
+    )
+    return 0

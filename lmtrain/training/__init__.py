@@ -1,0 +1,1 @@
+"""The training app: ``run.train(cfg)`` builds the parts, fits and tests (docs/architecture.md)."""

@@ -1,0 +1,37 @@
+"""The model a config describes: the data module and the LanguageModel (encoder + output strategy).
+
+Shared by training (``lmtrain.training.run``) and the tools that load a trained run (``lmtrain.tools.trained``).
+"""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from lmtrain.training.build import build, build_output
+from lmtrain.training.module import LanguageModel
+
+
+def build_model(cfg: DictConfig) -> tuple[L.LightningDataModule, LanguageModel]:
+    """The data module (set up) and the LanguageModel (encoder + output strategy) that ``cfg`` describes."""
+    datamodule = instantiate(cfg.data)
+    datamodule.setup()
+    return datamodule, build_module(cfg, datamodule.num_classes, datamodule.counts, datamodule.train_ids)
+
+
+def build_module(
+    cfg: DictConfig, num_classes: int, counts: torch.Tensor, train_ids: torch.Tensor | None
+) -> LanguageModel:
+    """The LanguageModel of ``cfg`` for a vocabulary of ``num_classes`` with these training ``counts`` (and training
+    stream, for strategies built from it); ``module.signature`` is what a checkpoint must match to be loaded."""
+    encoder = build(cfg.model, num_classes=num_classes)
+    output = build_output(cfg, num_classes, encoder.output_dim, counts, train_ids)
+    module = LanguageModel(encoder, output, OmegaConf.to_container(cfg.optim, resolve=True), cfg.loss_reduction)
+    module.signature = {
+        "num_classes": num_classes,
+        "output": cfg.output._target_,
+        "model": OmegaConf.to_container(cfg.model, resolve=True),
+    }
+    return module

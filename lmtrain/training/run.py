@@ -1,0 +1,86 @@
+"""`train(cfg)`: build the data, model, output strategy and trainer from the config; fit; test."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+
+import lightning as L
+from omegaconf import DictConfig, OmegaConf
+
+from lmtrain.data.vocab import Vocabulary
+from lmtrain.training.assemble import build_model
+from lmtrain.training.checks import check_against_data, check_config
+from lmtrain.training.loggers import build_loggers
+from lmtrain.training.loggers.wandb_run import finish_wandb
+from lmtrain.training.noise import quiet_libraries
+from lmtrain.training.run_folder import (
+    hydra_context,
+    prepare_resume,
+    resolve_ckpt,
+    result_line,
+    run_name,
+    write_run_info,
+)
+from lmtrain.training.trainer import build_callbacks, build_trainer, prepare_process
+
+log = logging.getLogger("lmtrain")
+
+
+def train(cfg: DictConfig) -> dict[str, float]:
+    """Train and evaluate one model; returns the final metrics (val/ppl of the best epoch, test/ppl, ...)."""
+    started = time.perf_counter()
+    check_config(cfg)  # before anything starts (the command line was checked already; this covers other callers)
+    quiet_libraries()
+    output_choice, overrides = hydra_context()
+    run_dir = Path(str(cfg.run_dir)).resolve()
+    ckpt = resolve_ckpt(cfg, run_dir, overrides)
+    prepare_process(cfg)
+
+    datamodule, module = build_model(cfg)
+    check_against_data(cfg, datamodule.num_train_windows)
+    if datamodule.entropy_rate is not None:  # a synthetic source: its optimum is known
+        best = math.exp(datamodule.entropy_rate)
+        log.info(
+            "data: entropy rate of the source %.4f nats/token, so the best possible perplexity is %.2f",
+            datamodule.entropy_rate,
+            best,
+        )
+    resume_id = prepare_resume(ckpt, module.signature, run_dir) if ckpt is not None else None
+
+    name = run_name(cfg, output_choice, overrides)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)  # there from the start, also if the run dies
+    Vocabulary(datamodule.vocab, datamodule.counts).save(run_dir)  # vocab.tsv: what generate and score read text with
+    write_run_info(run_dir, name, output_choice, cfg, {}, entropy_rate=datamodule.entropy_rate)
+    loggers = build_loggers(cfg, run_dir, name, resume_id, output_choice)
+    callbacks = build_callbacks(cfg, run_dir / "checkpoints")
+    trainer = build_trainer(cfg, loggers, callbacks, run_dir)
+    module.wandb_id = next((lg.experiment.id for lg in loggers if hasattr(lg.experiment, "id")), None)
+    # DDP re-seeds every process when it starts (Lightning's reset_seed): do the same in a single process, so that
+    # both begin training from the same RNG state and draw the same shared negatives for the same global batch
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt) if ckpt else None)
+
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+    best_checkpoint = callbacks[0]  # ModelCheckpoint on val/ppl
+    if best_checkpoint.best_model_score is not None:
+        metrics["val/ppl_best"] = float(best_checkpoint.best_model_score)
+    if cfg.test_after_fit:
+        best_path = best_checkpoint.best_model_path or None
+        tested = trainer.test(module, datamodule=datamodule, ckpt_path=best_path, verbose=False)
+        metrics.update({k: float(v) for k, v in (tested[0] if tested else {}).items() if k not in ("epoch", "step")})
+    if trainer.is_global_zero:  # one writer under DDP
+        write_run_info(
+            run_dir, name, output_choice, cfg, metrics, time.perf_counter() - started, datamodule.entropy_rate
+        )
+    for lg in loggers:
+        lg.finalize("success")
+    offline_wandb = finish_wandb()
+    if trainer.is_global_zero:
+        if offline_wandb is not None:
+            print(f"lmtrain: W&B run saved offline; upload it with: wandb sync {offline_wandb}", flush=True)
+        print(result_line(metrics, run_dir), flush=True)
+    return metrics

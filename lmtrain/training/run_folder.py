@@ -1,0 +1,95 @@
+"""What a run reads and leaves in its folder: its name, the checkpoint it resumes, run.json, the result line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from lmtrain.training.checkpoints import CheckpointError, check_compatible, find_last, read_checkpoint
+
+log = logging.getLogger("lmtrain")
+
+
+def hydra_context() -> tuple[str | None, list[str]]:
+    """(output choice, task overrides) of the running Hydra app; (None, []) outside one (e.g. in tests)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None, []
+    hc = HydraConfig.get()
+    return hc.runtime.choices.get("output"), list(hc.overrides.task)
+
+
+def run_name(cfg: DictConfig, output_choice: str | None, overrides: list[str]) -> str:
+    """The W&B / plot label: cfg.name, else the overrides that define the job, else the output strategy."""
+    if cfg.get("name"):
+        return str(cfg.name)
+    shown = [o for o in overrides if not o.startswith(("ckpt_path=", "hydra.", "run_dir="))]
+    return ",".join(shown) if shown else (output_choice or cfg.output._target_.rsplit(".", 1)[-1])
+
+
+def resolve_ckpt(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> Path | None:
+    if cfg.ckpt_path in (None, ""):
+        if (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").glob("*.ckpt")):
+            raise CheckpointError(
+                f"run folder {run_dir} already holds checkpoints; pass ckpt_path=last to resume it, "
+                "or choose another hydra.run.dir (nothing was overwritten)"
+            )
+        return None
+    if cfg.ckpt_path == "last":
+        return find_last(run_dir, run_dir.parent.parent, overrides)
+    return Path(str(cfg.ckpt_path)).expanduser().resolve()
+
+
+def write_run_info(
+    run_dir: Path,
+    name: str,
+    output_choice: str | None,
+    cfg: DictConfig,
+    metrics: dict[str, float],
+    wall_time_s: float | None = None,
+    entropy_rate: float | None = None,
+) -> None:
+    """run.json: what scripts need to label and tabulate the run without re-resolving the config (and, for a
+    synthetic source, ``best_possible_ppl`` = exp(entropy rate))."""
+    output = OmegaConf.to_container(cfg.output, resolve=True)
+    sampler = OmegaConf.to_container(cfg.sampler, resolve=True) if cfg.get("sampler") else None
+    info = {
+        "name": name,
+        "output": output_choice or str(cfg.output._target_).rsplit(".", 1)[-1],
+        "output_options": {k: v for k, v in output.items() if not k.startswith("_")},
+        "sampler": sampler,
+        "data": str(cfg.data.get("name", "")),
+        "best_possible_ppl": None if entropy_rate is None else math.exp(entropy_rate),
+        "metrics": metrics,
+        "wall_time_s": wall_time_s,  # of this invocation (a resumed run counts from its restart)
+    }
+    (run_dir / "run.json").write_text(json.dumps(info, indent=2, default=str))
+
+
+def prepare_resume(ckpt: Path, signature: dict[str, Any], run_dir: Path) -> str | None:
+    """Check that ``ckpt`` fits this model (``signature``), carry its run's metrics.csv over into ``run_dir`` (a
+    copy: the old file is never touched), and return its W&B run id."""
+    saved = read_checkpoint(ckpt)
+    check_compatible(saved, signature, ckpt)
+    previous_csv = ckpt.parent.parent / "metrics.csv"
+    if previous_csv.is_file() and previous_csv.parent != run_dir:  # keep the history; never touch the old file
+        run_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(previous_csv, run_dir / "metrics.csv")
+    log.info("resuming from %s", ckpt)
+    return saved["lmtrain"].get("wandb_id")
+
+
+def result_line(metrics: dict[str, float], run_dir: Path) -> str:
+    """'lmtrain: val ppl 227.52, test ppl 219.03 — outputs/2026-11-23/15-00-00': best validation, test, folder."""
+    val, test = metrics.get("val/ppl_best", metrics.get("val/ppl")), metrics.get("test/ppl")
+    parts = [f"{label} {value:.2f}" for label, value in (("val ppl", val), ("test ppl", test)) if value is not None]
+    shown = os.path.relpath(run_dir) if run_dir.is_relative_to(Path.cwd()) else str(run_dir)
+    return f"lmtrain: {', '.join(parts) or 'no validation or test'} — {shown}"

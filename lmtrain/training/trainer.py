@@ -1,0 +1,68 @@
+"""The process and the Lightning Trainer of a run: threads, seeds and allocator; checkpoints, callbacks, loggers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import torch
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import Logger
+from omegaconf import DictConfig
+
+from lmtrain.training.callbacks import EpochSummary, ProgressBar, ValidateAtEnd
+from lmtrain.training.checkpoints import AtomicCheckpointIO
+from lmtrain.training.memory import reuse_freed_memory
+from lmtrain.training.threads import apply_threads
+
+
+def prepare_process(cfg: DictConfig) -> None:
+    """Threads (parallel jobs share the cores instead of fighting over them), the seed, matmul precision, subnormal
+    floats flushed, and glibc malloc kept from faulting each step's big buffers in again (``reuse_freed_memory``)."""
+    apply_threads(cfg.get("threads", "auto"))
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    torch.set_float32_matmul_precision("high")
+    torch.set_flush_denormal(True)  # tiny LSTM gradients as subnormal floats are very slow on CPUs
+    if cfg.get("reuse_freed_memory", True):
+        reuse_freed_memory()  # no page faults for each step's big buffers (lmtrain.training.memory)
+
+
+def build_callbacks(cfg: DictConfig, ckpt_dir: Path) -> list[L.Callback]:
+    """The best checkpoint by val/ppl first (``train`` reads it back), the periodic last.ckpt, lmtrain's callbacks
+    and the configured ones (``callbacks.NAME._target_``)."""
+    return [
+        ModelCheckpoint(
+            dirpath=ckpt_dir,
+            filename="best-{epoch:02d}",
+            monitor="val/ppl",
+            mode="min",
+            auto_insert_metric_name=False,
+            save_last=True,
+            enable_version_counter=False,
+        ),
+        ModelCheckpoint(
+            dirpath=ckpt_dir,
+            every_n_train_steps=cfg.checkpoint_every_n_steps,
+            save_top_k=0,
+            save_last=True,
+            enable_version_counter=False,
+        ),
+        EpochSummary(),
+        ValidateAtEnd(),
+        *([ProgressBar()] if cfg.progress_bar else []),
+        *(instantiate(spec) for spec in (cfg.get("callbacks") or {}).values()),
+    ]
+
+
+def build_trainer(cfg: DictConfig, loggers: list[Logger], callbacks: list[L.Callback], run_dir: Path) -> L.Trainer:
+    """``cfg.trainer`` with what lmtrain sets itself: loggers, callbacks, the run folder, atomic checkpoint writes."""
+    return instantiate(
+        cfg.trainer,
+        logger=loggers,
+        callbacks=callbacks,
+        default_root_dir=str(run_dir),
+        plugins=[AtomicCheckpointIO()],
+        enable_progress_bar=cfg.progress_bar,
+        _convert_="all",
+    )

@@ -1,0 +1,51 @@
+"""The import graph runs one way (docs/architecture.md): entries -> cli -> training -> (model, output -> sampler),
+data apart, tools above training."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import lmtrain
+
+ROOT = Path(lmtrain.__file__).parent
+# the layers each layer may import (besides itself)
+ALLOWED = {
+    "entry": {"cli", "training", "tools"},
+    "cli": {"training", "data"},
+    "tools": {"cli", "training", "output", "sampler", "model", "data"},
+    "training": {"model", "output", "sampler", "data"},
+    "output": {"sampler"},
+    "sampler": set(),
+    "model": set(),
+    "data": set(),
+}
+
+
+def layer(path: Path) -> str:
+    parts = path.relative_to(ROOT).parts
+    return parts[0] if len(parts) > 1 else "entry"
+
+
+def imported_layers(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    return {name.split(".")[1] for name in names if name.startswith("lmtrain.") and name.count(".") >= 1}
+
+
+def test_imports_run_one_way():
+    wrong = []
+    for path in sorted(ROOT.rglob("*.py")):
+        own = layer(path)
+        for target in imported_layers(path) - {own} - ALLOWED[own]:
+            wrong.append(f"{path.relative_to(ROOT)} ({own}) imports lmtrain.{target}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_file_is_over_250_lines():
+    long = [f"{p.relative_to(ROOT)}: {n}" for p in ROOT.rglob("*.py") if (n := len(p.read_text().splitlines())) > 250]
+    assert not long, long

@@ -1,0 +1,121 @@
+"""Exact resume after a SIGKILL, and atomic checkpoint writes."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from lmtrain.training.checkpoints import AtomicCheckpointIO, read_checkpoint
+from tests.cli_runs import (
+    TINY,
+    WINDOWS_PER_EPOCH,
+    cli_env,
+    last_step,
+    lmtrain,
+    run_cli,
+    run_info,
+    the,
+    wandb_records,
+)
+
+
+def test_sigkill_mid_epoch_then_resume_matches_the_uninterrupted_run(tmp_path):
+    common = [
+        *TINY,
+        "output=uniform",
+        "output.num_samples=8",
+        "model.dropout=0.3",  # dropout masks and the negatives both come from the RNG that must be restored
+        "optim=sgd",
+        "optim.lr=0.5",
+        "optim.schedule.start=1",  # the learning rate halves after each epoch
+        "loss_reduction=mean",
+        "trainer.max_epochs=2",
+        "checkpoint_every_n_steps=2",
+        "test_after_fit=false",
+        "trainer.log_every_n_steps=4",
+    ]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    env = cli_env(tmp_path, WANDB_MODE="offline")
+    reference = subprocess.Popen(lmtrain(*common, "logger=csv", f"hydra.run.dir={straight}"), cwd=tmp_path, env=env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    victim = subprocess.Popen(lmtrain(*common, "logger=wandb", f"hydra.run.dir={split}"), cwd=tmp_path, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        kill_after = WINDOWS_PER_EPOCH + WINDOWS_PER_EPOCH // 3  # a checkpoint in the middle of epoch 2
+        deadline = time.monotonic() + 300
+        while last_step(split / "checkpoints" / "last.ckpt") < kill_after:
+            assert victim.poll() is None, f"the run ended before it could be killed: {victim.stderr.read()[-3000:]}"
+            assert time.monotonic() < deadline, "no checkpoint appeared in time"
+            time.sleep(0.05)
+        victim.send_signal(signal.SIGKILL)
+        assert victim.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        victim.kill()
+        victim.stderr.close()
+    killed_at = read_checkpoint(split / "checkpoints" / "last.ckpt")
+    assert kill_after <= killed_at["global_step"] < 2 * WINDOWS_PER_EPOCH  # mid epoch 2
+    assert not (split / "run.json").is_file() or not run_info(split)["metrics"]  # it never finished
+
+    run_cli([*common, "logger=wandb", "ckpt_path=last", f"hydra.run.dir={split}"], tmp_path, WANDB_MODE="offline")
+    assert reference.wait(timeout=400) == 0
+    expected, resumed = run_info(straight)["metrics"], run_info(split)["metrics"]
+    assert math.isfinite(expected["val/ppl"])
+    assert abs(resumed["val/ppl"] - expected["val/ppl"]) <= 1e-6 * expected["val/ppl"]
+    a = torch.load(straight / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+    b = torch.load(split / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], rtol=1e-6, atol=1e-7, msg=key)
+    killed, continued = sorted((split / "wandb").glob("offline-run-*"))  # offline-run-TIME-ID
+    assert the(wandb_records(continued), "run").run_id == killed.name.rsplit("-", 1)[1]  # the same W&B run
+
+
+KILLED_WRITER = """
+import io, sys, time
+import torch
+from lmtrain.training.checkpoints import AtomicCheckpointIO
+
+path = sys.argv[1]
+AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.ones(4)}, "lmtrain": {"version": 1}}, path)
+real_save = torch.save
+
+def half_then_hang(obj, f, *args, **kwargs):  # write half of the new checkpoint, then get killed
+    buffer = io.BytesIO()
+    real_save(obj, buffer)
+    f.write(buffer.getvalue()[: buffer.tell() // 2])
+    f.flush()
+    print("inside save_checkpoint", flush=True)
+    time.sleep(120)
+
+torch.save = half_then_hang
+AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.zeros(4096)}, "lmtrain": {"version": 2}}, path)
+"""
+
+
+def test_a_kill_during_checkpoint_writing_keeps_the_previous_checkpoint(tmp_path):
+    path = tmp_path / "checkpoints" / "last.ckpt"
+    writer = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(path)], cwd=tmp_path,
+                              env=cli_env(tmp_path), stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert writer.stdout.readline().strip() == "inside save_checkpoint"
+        writer.send_signal(signal.SIGKILL)
+        writer.wait(timeout=60)
+    finally:
+        writer.kill()
+        writer.stdout.close()
+    [partial] = path.parent.glob(".last.ckpt.tmp-*")  # the interrupted write went to a temporary file ...
+    with pytest.raises(Exception):  # noqa: B017 - whatever torch raises for a truncated file
+        torch.load(partial, weights_only=False)
+    checkpoint = read_checkpoint(path)  # ... and the previous checkpoint is whole
+    assert checkpoint["lmtrain"]["version"] == 1 and torch.equal(checkpoint["state_dict"]["w"], torch.ones(4))
+    live = path.with_name(f".last.ckpt.tmp-{os.getppid()}")  # a live writer's (our parent's) file is left alone
+    live.write_bytes(b"partial")
+    AtomicCheckpointIO().save_checkpoint({"state_dict": {}, "lmtrain": {"version": 3}}, path)
+    assert not partial.exists() and live.exists()  # the next save cleans up after the killed writer
+    assert read_checkpoint(path)["lmtrain"]["version"] == 3
