@@ -11,7 +11,7 @@ checkpoints and W&B switched off. Its throughput is all tokens after `--warmup` 
 The reference is the loop a user would write by hand for the full softmax: embedding, LSTM, linear,
 cross-entropy, clip, and SGD, on the same windows, timed the same way. Reported: the median over rounds,
 each strategy / full, and lmtrain full / plain. lmtrain's allocator setting (`reuse_freed_memory`, see
-lmtrain/memory.py) is process-wide, so it is applied before the first round and both loops run under it;
+lmtrain/training/memory.py) is process-wide, so it is applied before the first round and both loops run under it;
 `--default-malloc` measures both with glibc's defaults instead.
 """
 
