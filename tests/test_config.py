@@ -77,3 +77,12 @@ def test_config_tree_ships_as_package_data():
     shipped = {path for pattern in patterns for path in package.glob(pattern)}  # setuptools globs like this
     tree = {path for path in CONF_DIR.rglob("*") if path.is_file()}
     assert sorted(p.relative_to(package) for p in tree - shipped) == []
+
+
+def test_a_misspelt_sampler_option_gets_the_close_key():
+    with pytest.raises(OverrideError, match=r"sampler\.unigram_shar is not an option of any sampler; did you mean "):
+        check_overrides(["output=rff", "sampler.unigram_shar=0.1"])
+    with pytest.raises(OverrideError, match=r"sampler\.zzz .*the options: D, eps, leaf_size, nu"):
+        check_overrides(["output=rff", "sampler.zzz=1"])
+    with pytest.raises(OverrideError, match=r"sampler\.nuu is not an option of output=full; no sampler takes it"):
+        check_overrides(["sampler.nuu=1"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 from pathlib import Path
 
@@ -58,7 +59,14 @@ def check_overrides(args: list[str]) -> None:
         top = option.split(".")[0]
         if any(s is None or s == "null" or top not in sampler_keys(s) for s in samplers):
             takers = [o for o in choices("output") if (s := default_sampler(o)) and top in sampler_keys(s)]
+            known = sorted(set().union(*(sampler_keys(s) for s in samplers if s not in (None, "null"))) - {"_target_"})
+            if not takers and known:  # no strategy's sampler has it: a typo of one of the chosen sampler's keys
+                close = difflib.get_close_matches(top, known, n=3)
+                hint = f"did you mean {' or '.join('sampler.' + c for c in close)}?" if close else ""
+                raise OverrideError(
+                    f"sampler.{option} is not an option of any sampler; {hint or 'the options: ' + ', '.join(known)}"
+                )
             raise OverrideError(
                 f"sampler.{option} is not an option of output={','.join(outputs)}; "
-                f"it applies to output={'|'.join(takers) or '(none)'}"
+                + (f"it applies to output={'|'.join(takers)}" if takers else "no sampler takes it")
             )

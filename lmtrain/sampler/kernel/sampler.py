@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -137,17 +138,8 @@ class QuadraticSampler(KernelSampler):
     the tree stores about 2 * 2^ceil(log2(2 n / d)) * F floats: ~2.7 GB at n = 10^6, d = 201.
     """
 
-    def __init__(
-        self,
-        alpha: float = 100.0,
-        leaf_size: int | None = None,
-        eps: float = 1e-6,
-        unigram_share: float = 0.0,
-        num_classes: int | None = None,
-        counts: Tensor | None = None,
-    ) -> None:
-        share = {"unigram_share": unigram_share, "num_classes": num_classes, "counts": counts}
-        super().__init__(QuadraticFeatures(alpha), leaf_size=leaf_size, eps=eps, **share)
+    def __init__(self, alpha: float = 100.0, leaf_size: int | None = None, eps: float = 1e-6, **share: Any) -> None:
+        super().__init__(QuadraticFeatures(alpha), leaf_size=leaf_size, eps=eps, **share)  # share: unigram_share, ...
 
 
 class RFFSampler(KernelSampler):
@@ -166,9 +158,6 @@ class RFFSampler(KernelSampler):
         seed: int = 0,
         leaf_size: int | None = None,
         eps: float = 1e-6,
-        unigram_share: float = 0.0,
-        num_classes: int | None = None,
-        counts: Tensor | None = None,
+        **share: Any,
     ) -> None:
-        share = {"unigram_share": unigram_share, "num_classes": num_classes, "counts": counts}
         super().__init__(RandomFourierFeatures(D, nu, seed, temperature), leaf_size=leaf_size, eps=eps, **share)
