@@ -180,3 +180,26 @@ def test_dense_draws_follow_the_same_q_as_the_walk(kind):
         statistic = ((observed - wanted) ** 2 / wanted.clamp_min(1e-9)).sum().item()
         assert scipy.stats.chi2.sf(statistic, observed.numel() - 1) > 1e-4
     assert tree.dense_draw_pays(400, 1000) and not tree.dense_draw_pays(10**7, 1000)  # memory-bounded
+
+
+@pytest.mark.parametrize(("kind", "refresh"), [("quadratic", 10**9), ("rff", 10**9), ("rff", 8)])
+def test_delta_updates_equal_a_rebuild_after_ten_thousand_rounds(kind, refresh):
+    """Changed rows enter their bucket as phi(new) - phi(old) (refresh 10**9: never recomputed from the weights,
+    the worst case for float32 drift): after 10^4 rounds the tree equals a rebuild."""
+    n, d = 96, 5
+    weight = augmented(n, d, seed=12)
+    tree = KernelTree(make_features(kind), leaf_size=8, refresh=refresh)
+    tree.rebuild(weight)
+    gen = torch.Generator().manual_seed(13)
+    scale, by_delta = tree.nodes.abs().max(), 0
+    for _ in range(10_000):
+        rows = torch.randint(0, n, (int(torch.randint(1, 6, (1,), generator=gen)),), generator=gen)
+        weight[rows] += 0.02 * torch.randn(rows.numel(), d + 1, generator=gen)
+        before = tree.deltas.clone()
+        tree.update(weight, rows)
+        by_delta += int((tree.deltas > before).sum())
+    fresh = make_tree(kind, weight, leaf_size=8)
+    error = ((tree.nodes - fresh.nodes).abs().max() / scale).item()
+    assert error < 1e-5, error  # float rounding only, after 10^4 rounds
+    assert by_delta > 10_000  # the delta path was taken (most bucket changes are single rows)
+    assert int(tree.deltas.max()) <= refresh  # a bucket is recomputed once it has taken `refresh` deltas

@@ -30,10 +30,15 @@ class KernelSampler(Sampler):
     """
 
     def __init__(
-        self, features: FeatureMap, leaf_size: int | None = None, eps: float = 1e-6, shared: bool = False
+        self,
+        features: FeatureMap,
+        leaf_size: int | None = None,
+        eps: float = 1e-6,
+        shared: bool = False,
+        refresh: int = 64,
     ) -> None:
         super().__init__()
-        self.tree = KernelTree(features, leaf_size=leaf_size, eps=eps)
+        self.tree = KernelTree(features, leaf_size=leaf_size, eps=eps, refresh=refresh)
         self.shared = bool(shared)
         self._drawn_since_rebuild = False
         self._told_dense = False
@@ -103,8 +108,10 @@ class QuadraticSampler(KernelSampler):
     the tree stores about 2 * 2^ceil(log2(2 n / d)) * F floats: ~2.7 GB at n = 10^6, d = 201.
     """
 
-    def __init__(self, alpha: float = 100.0, leaf_size: int | None = None, eps: float = 1e-6) -> None:
-        super().__init__(QuadraticFeatures(alpha), leaf_size=leaf_size, eps=eps)
+    def __init__(
+        self, alpha: float = 100.0, leaf_size: int | None = None, eps: float = 1e-6, refresh: int = 64
+    ) -> None:
+        super().__init__(QuadraticFeatures(alpha), leaf_size=leaf_size, eps=eps, refresh=refresh)
 
 
 class RFFSampler(KernelSampler):
@@ -123,5 +130,7 @@ class RFFSampler(KernelSampler):
         seed: int = 0,
         leaf_size: int | None = None,
         eps: float = 1e-6,
+        refresh: int = 64,
     ) -> None:
-        super().__init__(RandomFourierFeatures(D, nu, seed, temperature), leaf_size=leaf_size, eps=eps)
+        features = RandomFourierFeatures(D, nu, seed, temperature)
+        super().__init__(features, leaf_size=leaf_size, eps=eps, refresh=refresh)
