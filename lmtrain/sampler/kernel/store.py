@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from lmtrain.sampler.kernel.features import FeatureMap
 
+GATHER_CHUNK = 1 << 20  # elements of gathered node sums per block of walkers (4 MiB): measured at n = 10^6
 UPDATE_CHUNK = 1 << 19  # elements of the temporaries of one chunk of delta rows (2 MiB: stays in cache)
 
 
@@ -47,11 +48,12 @@ class TreeStore(nn.Module):
         if not eps > 0:
             raise ValueError(f"sampler.eps must be positive (the clamp on node scores), got {eps}")
         if int(refresh) < 0:
-            raise ValueError(f"sampler.refresh must be >= 0 delta updates per bucket (0: always recompute), got {refresh}")
+            raise ValueError(f"sampler.refresh must be >= 0 (0: recompute changed buckets), got {refresh}")
         self.refresh = int(refresh)
         self.features = features
         self.leaf_size = None if leaf_size is None else int(leaf_size)
         self.eps, self.dense_factor, self.chunk_elements = float(eps), dense_factor, chunk_elements
+        self.gather_elements = GATHER_CHUNK
         self.num_classes = self.depth = self.bucket_size = 0
         self.weight: Tensor | None = None  # the latest weights given to rebuild/update (not a buffer)
         self.register_buffer("nodes", torch.empty(0), persistent=False)  # (2B - 1, F)
@@ -126,7 +128,7 @@ class TreeStore(nn.Module):
         """Every internal node of a heap array := left child + right child, bottom-up."""
         for level in reversed(range(self.depth)):
             lo, hi = (1 << level) - 1, (2 << level) - 1
-            heap[lo:hi] = heap[hi : 2 * hi + 1 : 2] + heap[hi + 1 : 2 * hi + 1 : 2]
+            torch.add(heap[hi : 2 * hi + 1 : 2], heap[hi + 1 : 2 * hi + 1 : 2], out=heap[lo:hi])  # no temporary
 
     def _set_leaves(self, buckets: Tensor) -> None:
         per_bucket = self.features.sum_elements(self.bucket_size, self.weight.shape[1])
@@ -141,10 +143,14 @@ class TreeStore(nn.Module):
         per_row = 2 * (self.weight.shape[1] + self.features.out_features(self.weight.shape[1]))
         step = max(1, UPDATE_CHUNK // per_row)
         leaf = owner + (self.num_buckets - 1)
+        pair = self.weight.new_empty(2, min(step, rows.numel()), self.weight.shape[1])  # new and old rows
         for lo in range(0, rows.numel(), step):
             chunk = rows[lo : lo + step]
-            both = self.features(torch.cat([self.weight[chunk], self.previous[chunk]]))  # (2c, F)
-            self.nodes.index_add_(0, leaf[lo : lo + step], both[: chunk.numel()] - both[chunk.numel() :])
+            size = chunk.numel()
+            torch.index_select(self.weight, 0, chunk, out=pair[0, :size])
+            torch.index_select(self.previous, 0, chunk, out=pair[1, :size])
+            both = self.features(pair[:, :size]).view(2, size, -1)  # (2, c, F)
+            self.nodes.index_add_(0, leaf[lo : lo + step], both[0] - both[1])
 
     def _members(self, buckets: Tensor) -> tuple[Tensor, Tensor]:
         """Rows (..., L, d) of the classes in ``buckets`` (...) and their validity mask (..., L)."""
@@ -159,16 +165,17 @@ class TreeStore(nn.Module):
         if query.shape[-1] != self.weight.shape[1]:
             raise ValueError(f"query has {query.shape[-1]} features, class vectors {self.weight.shape[1]}")
 
-    def _dense(self, width: int, n_query: int, gathered: int) -> bool:
-        """Whether scoring all ``width`` nodes for every query (one pass over their sums plus a GEMM)
-        is cheaper than gathering ``gathered`` node sums per query; ``dense_factor`` = GEMM speed
-        relative to gather speed, per element."""
-        return width * (self.dense_factor + n_query) <= self.dense_factor * n_query * gathered
+    def _dense(self, width: int, n_query: int, gathered: int, factor: float | None = None) -> bool:
+        """Whether scoring all ``width`` items for every query (one pass over them plus a GEMM) is cheaper than
+        gathering ``gathered`` items per query; ``factor`` (default ``dense_factor``) = GEMM speed relative to
+        gather speed, per element."""
+        factor = self.dense_factor if factor is None else factor
+        return width * (factor + n_query) <= factor * n_query * gathered
 
-    def _blocks(self, fn: Callable[[int, int], Tensor], count: int, per_item: int) -> Tensor:
+    def _blocks(self, fn: Callable[[int, int], Tensor], count: int, per_item: int, budget: int | None = None) -> Tensor:
         """fn over blocks of ``count`` items (queries, nodes) sized so each block's temporaries hold about
-        ``chunk_elements`` (``per_item`` elements per item), concatenated along dim 0."""
-        step = max(1, self.chunk_elements // per_item)
+        ``budget`` elements (default ``chunk_elements``; ``per_item`` elements per item), concatenated along dim 0."""
+        step = max(1, min(self.chunk_elements, budget or self.chunk_elements) // per_item)
         if step >= count:
             return fn(0, count)
         return torch.cat([fn(lo, min(lo + step, count)) for lo in range(0, count, step)])
