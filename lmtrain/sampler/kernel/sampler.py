@@ -42,6 +42,7 @@ class KernelSampler(Sampler):
         self.shared = bool(shared)
         self._drawn_since_rebuild = False
         self._told_dense = False
+        self._mixture: tuple[Tensor, tuple, Tensor] | None = None  # (queries, their key, psi): latest mixture
 
     @property
     def features(self) -> FeatureMap:
@@ -55,8 +56,15 @@ class KernelSampler(Sampler):
         self.shared = bool(shared)
 
     def mixture_query(self, hidden: Tensor) -> Tensor:
-        """The feature-space query (F,) whose walk draws from the batch's mixture proposal (``KernelTree.mixture``)."""
-        return self.tree.mixture(self._context(hidden))
+        """The feature-space query (F,) whose walk draws from the batch's mixture proposal (``KernelTree.mixture``).
+        A step asks for it twice with the same queries (the draw, then log q of the targets): it is kept for the
+        same queries (same storage, held here so that no other tensor can take it, and in-place version) and the
+        same tree."""
+        hidden = self._context(hidden)
+        key = (hidden.data_ptr(), hidden.shape, hidden.stride(), hidden.dtype, hidden._version, self.tree.version)
+        if self._mixture is None or self._mixture[1] != key:
+            self._mixture = (hidden, key, self.tree.mixture(hidden))
+        return self._mixture[2]
 
     def sample(self, hidden: Tensor | None, num_samples: int, inputs: Tensor | None = None) -> tuple[Tensor, Tensor]:
         self._drawn_since_rebuild = True

@@ -56,6 +56,7 @@ class TreeStore(nn.Module):
         self.gather_elements = GATHER_CHUNK
         self.num_classes = self.depth = self.bucket_size = 0
         self.weight: Tensor | None = None  # the latest weights given to rebuild/update (not a buffer)
+        self.version = 0  # counts rebuilds and updates: what was derived from the nodes before is stale
         self.register_buffer("nodes", torch.empty(0), persistent=False)  # (2B - 1, F)
         self.register_buffer("floor", torch.empty(0), persistent=False)  # (2B - 1,) eps or 0 (empty)
         self.register_buffer("previous", torch.empty(0), persistent=False)  # (n, d) the rows the leaves hold
@@ -69,6 +70,7 @@ class TreeStore(nn.Module):
     def rebuild(self, weight: Tensor) -> None:
         """Recompute every node from ``weight`` (n, d)."""
         n, dim = weight.shape
+        self.version += 1
         size = self.leaf_size or max(1, math.ceil(self.features.out_features(dim) / dim))
         self.depth = max(0, math.ceil(math.log2(math.ceil(n / size))))
         self.bucket_size, self.num_classes = math.ceil(n / self.num_buckets), n
@@ -92,6 +94,7 @@ class TreeStore(nn.Module):
         """Bring the buckets holding ``rows`` up to the current ``weight`` (recomputed, or by deltas for the
         changed rows: see the class docstring) and re-sum their ancestors."""
         self.weight = weight
+        self.version += 1
         if rows.numel() == 0:
             return
         rows = torch.unique(rows)
