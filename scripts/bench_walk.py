@@ -73,6 +73,29 @@ class Before:
         walk_module.LEVEL_GATHER_GAIN, self.tree.gather_elements = self.saved
 
 
+def storage_trial(tree: KernelTree, query: torch.Tensor, k: int, repeats: int = 3) -> dict[str, float]:
+    """CPU seconds of one gathered level (every walker reads its node pair, one batched product per block of
+    queries, as ``TreeWalk._gathered_scores`` does) with the node sums stored in float32, and stored in bfloat16
+    and widened to float32 after the gather (float32 products): does halving the bytes read pay?"""
+    phi = tree.features(query)
+    pairs = tree.nodes[1:].view(-1, 2 * phi.shape[1])
+    narrow = pairs.bfloat16()
+    pos = torch.randint(0, pairs.shape[0], (query.shape[0] * k,))
+    step = max(1, tree.gather_elements // (2 * k * phi.shape[1]))
+
+    def level(table: torch.Tensor) -> None:
+        for lo in range(0, phi.shape[0], step):
+            hi = min(lo + step, phi.shape[0])
+            z = table.index_select(0, pos[lo * k : hi * k]).view(hi - lo, 2 * k, -1).float()
+            torch.bmm(phi[lo:hi].unsqueeze(1), z.transpose(1, 2))
+
+    found = {"float32_s": [], "bfloat16_s": []}
+    for _ in range(repeats):
+        found["float32_s"].append(clocked(lambda: level(pairs))[1])
+        found["bfloat16_s"].append(clocked(lambda: level(narrow))[1])
+    return {key: statistics.median(v) for key, v in found.items()}
+
+
 def shape(n: int, args: argparse.Namespace) -> dict[str, Any]:
     """Build the tree for n classes and the per-round cells (closures) that are timed."""
     gen = torch.Generator().manual_seed(args.seed + n)
@@ -200,6 +223,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         cell = shape(n, args)
         samples = [round_cells(cell, args) for _ in range(args.rounds)]
         row = summarize(cell, samples, bw, args)
+        row["storage_trial"] = storage_trial(cell["tree"], cell["query"], args.num_samples)
         results["sizes"][str(n)] = row
         t = row["times"]
         print(
@@ -214,6 +238,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"{t['sample_before']['cpu_s'] * 1e3:.0f} ms ({row['sample_before_read_gbs']:.1f} GB/s)",
             flush=True,
         )
+        trial = row["storage_trial"]
+        print(
+            f"  one gathered level: float32 nodes {trial['float32_s'] * 1e3:.0f} ms, bfloat16 nodes widened after "
+            f"the gather {trial['bfloat16_s'] * 1e3:.0f} ms",
+            flush=True,
+        )
         for mode in ["per_example", *(f"shared_m{m}" for m in args.shared)]:
             sample = t["sample" if mode == "per_example" else f"sample_{mode}"]["cpu_s"]
             print(
@@ -224,6 +254,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 flush=True,
             )
         del cell, samples
+    again = bandwidth()  # the machine may be shared: keep the better of two measurements, both in the JSON
+    results["bandwidth_end"] = again
+    print(f"memory at the end: copy {again['copy_gbs']:.1f} GB/s, read {again['read_gbs']:.1f} GB/s", flush=True)
+    best = max(bw["read_gbs"], again["read_gbs"])
+    for n, row in results["sizes"].items():
+        row["fraction_of_best_read_bandwidth"] = row["sample_read_gbs"] / best
+        print(
+            f"n={n}: walks read {row['sample_read_gbs']:.1f} GB/s = {100 * row['fraction_of_best_read_bandwidth']:.0f}%"
+            f" of the better read bandwidth measured ({best:.1f} GB/s)"
+        )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2))

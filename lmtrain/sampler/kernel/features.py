@@ -17,7 +17,13 @@ class FeatureMap(nn.Module):
     ``log_kernel_dot`` is log K as a function of the dot product of two prepared vectors;
     ``forward`` is phi, applied to raw vectors. A node of the kernel tree stores the sum of phi over
     its classes, which ``node_sums`` computes bucket by bucket.
+
+    ``delta_cost``: what one changed row costs the tree update as a delta phi(new) - phi(old), in units of one
+    member row of a bucket recomputed by ``node_sums``; a bucket with c changed rows of L takes deltas when
+    c * delta_cost < L (``TreeStore.update``).
     """
+
+    delta_cost = 2.0  # two feature vectors per changed row, one per member row
 
     def out_features(self, in_features: int) -> int:
         """Dimension of phi(x) for x of dimension ``in_features``."""
@@ -67,6 +73,10 @@ class QuadraticFeatures(FeatureMap):
     (off-diagonal entries scaled by sqrt(2)), so phi has d (d + 1) / 2 + 1 entries and a node stores
     [sqrt(alpha) * vec(S(C)), |C|] with S(C) = sum of w w^T over its classes.
     """
+
+    # node_sums forms S(bucket) with one small GEMM (~2.7 us a member row at d' = 201), a delta needs the explicit
+    # F-wide features of two rows (~125 us each): measured at n = 10^5, so changed buckets are recomputed
+    delta_cost = 90.0
 
     def __init__(self, alpha: float = 100.0) -> None:
         super().__init__()

@@ -25,12 +25,13 @@ class TreeStore(nn.Module):
     (F = dim phi, d = dim w), which keeps node memory near 2-4x the weight matrix: about
     (2 * 2^ceil(log2(n / leaf_size))) * F floats. The walks over the tree live in ``TreeWalk``.
 
-    ``update`` refreshes a bucket either by recomputing its sum from the weights (L phi evaluations) or, when
-    fewer than half of its classes changed, by adding phi(new row) - phi(old row) for each changed row (two
-    evaluations per row); the old rows come from ``previous``, a copy of the weights as of the last update
-    (n x d floats more). Ancestors are then re-summed from their children, so they never drift from their
-    leaves. Float32 deltas round a little at every add: a bucket that has taken ``refresh`` delta updates is
-    recomputed from the weights at its next change, which bounds that drift (tests: 10^4 rounds equal a rebuild).
+    ``update`` refreshes a bucket either by recomputing its sum from the weights (``node_sums`` of its L rows)
+    or, when that costs more (``FeatureMap.delta_cost``: for RFF when fewer than half of its classes changed;
+    for the quadratic features practically never), by adding phi(new row) - phi(old row) for each changed row;
+    the old rows come from ``previous``, a copy of the weights as of the last update (n x d floats more).
+    Ancestors are then re-summed from their children, so they never drift from their leaves. Float32 deltas
+    round a little at every add: a bucket that has taken ``refresh`` delta updates is recomputed from the
+    weights at its next change, which bounds that drift (tests: 10^4 rounds equal a rebuild).
     """
 
     def __init__(
@@ -102,7 +103,7 @@ class TreeStore(nn.Module):
         buckets, inverse, changed = torch.unique(owner, return_inverse=True, return_counts=True)
         if self.refresh:
             size = (self.num_classes - buckets * self.bucket_size).clamp(max=self.bucket_size)  # classes per bucket
-            recompute = (2 * changed >= size) | (self.deltas[buckets] >= self.refresh)
+            recompute = (self.features.delta_cost * changed >= size) | (self.deltas[buckets] >= self.refresh)
             by_delta = ~recompute[inverse]
             self._add_deltas(rows[by_delta], owner[by_delta])
             self.deltas[buckets] += 1
