@@ -146,7 +146,7 @@ def round_cells(cell: dict[str, Any], args: argparse.Namespace) -> dict[str, tup
         weight[rows] += step  # an SGD step on those rows, in place
         out[f"update_{mode}"] = clocked(lambda rows=rows: tree.update(weight, rows))
         out[f"update_recompute_{mode}"] = clocked(lambda rows=rows: recompute.update(weight, rows))
-        out[f"rows_{mode}"] = (float(rows.numel()), float(rows.numel()))
+        out[f"rows_{mode}"] = (float(rows.numel()), float(rows.numel()))  # a count, reported apart from the times
     return out
 
 
@@ -160,7 +160,9 @@ def summarize(
             "cpu_s": statistics.median(s[key][1] for s in samples),
         }
         for key in samples[0]
+        if not key.startswith("rows_")
     }
+    rows = {key[5:]: statistics.median(s[key][0] for s in samples) for key in samples[0] if key.startswith("rows_")}
     walks = args.positions * args.num_samples
     per_walk = walk_bytes(tree, args.dim)
     dense_levels = sum(
@@ -181,6 +183,7 @@ def summarize(
         "bytes_per_walk": per_walk,
         "gemm_levels": dense_levels,
         "gemm_levels_before": dense_before,
+        "changed_rows": rows,
         "times": med,
     }
     for key in ("sample", "sample_before"):
@@ -247,7 +250,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for mode in ["per_example", *(f"shared_m{m}" for m in args.shared)]:
             sample = t["sample" if mode == "per_example" else f"sample_{mode}"]["cpu_s"]
             print(
-                f"  {mode}: {t[f'rows_{mode}']['cpu_s']:.0f} changed rows; "
+                f"  {mode}: {row['changed_rows'][mode]:.0f} changed rows; "
                 f"update {t[f'update_{mode}']['cpu_s'] * 1e3:.1f} ms"
                 f" (recompute buckets: {t[f'update_recompute_{mode}']['cpu_s'] * 1e3:.1f} ms) vs sampling "
                 f"{sample * 1e3:.1f} ms: update / sample {row[f'update_over_sample_{mode}']:.2f}",
