@@ -15,8 +15,9 @@ For each vocabulary size n (an RFF tree, D = 1024, d = 200, N = 700 queries, m =
   delta updates (the default) and with every changed bucket recomputed (``refresh=0``, the old update), beside
   the sampling time of the same mode.
 
-All cells run in this one process, rounds interleaved; times are medians of process CPU time (steadier than
-wall time on a shared machine; both are in the JSON).
+``--projection bfloat16`` builds the measured tree with ``sampler.projection=bfloat16`` (the recompute tree
+stays the float32 update before issue 12). All cells run in this one process, rounds interleaved; times are
+medians of process CPU time (steadier than wall time on a shared machine; both are in the JSON).
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ def shape(n: int, args: argparse.Namespace) -> dict[str, Any]:
     """Build the tree for n classes and the per-round cells (closures) that are timed."""
     gen = torch.Generator().manual_seed(args.seed + n)
     weight = 0.1 * torch.randn(n, args.dim, generator=gen)
-    tree = KernelTree(RandomFourierFeatures(D=args.D, seed=0))
+    tree = KernelTree(RandomFourierFeatures(D=args.D, seed=0, projection=args.projection))
     recompute = KernelTree(RandomFourierFeatures(D=args.D, seed=0), refresh=0)  # the update before issue 12
     build = clocked(lambda: tree.rebuild(weight))
     recompute.rebuild(weight.clone())
@@ -204,6 +205,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--shared", default="100,1000", help="m of the batch-shared mode (comma list)")
     p.add_argument("--dim", type=int, default=200)
     p.add_argument("--D", type=int, default=1024, help="random frequencies (2D features)")
+    p.add_argument("--projection", default="float32", help="sampler.projection of the tree (float32, bfloat16)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--device", default="cpu", help="cpu only: the bandwidth and CPU-time figures are CPU's")
     p.add_argument("--seed", type=int, default=0)
@@ -219,6 +221,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"memory: copy {bw['copy_gbs']:.1f} GB/s (read + write), read {bw['read_gbs']:.1f} GB/s", flush=True)
     results: dict[str, Any] = {
         "env": {"torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.processor()},
+        "projection": args.projection,
         "bandwidth": bw,
         "sizes": {},
     }

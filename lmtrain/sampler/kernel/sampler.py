@@ -139,6 +139,7 @@ class RFFSampler(KernelSampler):
         leaf_size: int | None = None,
         eps: float = 1e-6,
         refresh: int = 64,
+        projection: str = "float32",
     ) -> None:
-        features = RandomFourierFeatures(D, nu, seed, temperature)
+        features = RandomFourierFeatures(D, nu, seed, temperature, projection=projection)
         super().__init__(features, leaf_size=leaf_size, eps=eps, refresh=refresh)
