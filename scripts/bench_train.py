@@ -13,13 +13,26 @@ cross-entropy, clip, and SGD, on the same windows, timed the same way. Reported:
 each strategy / full, and lmtrain full / plain. lmtrain's allocator setting (`reuse_freed_memory`, see
 lmtrain/training/memory.py) is process-wide, so it is applied before the first round and both loops run under it;
 `--default-malloc` measures both with glibc's defaults instead.
+
+At scale (issue 12), `--data ptb,zipf:100000,zipf:1000000` measures every strategy on each corpus (`zipf:N` is
+`data=zipf data.vocab_size=N`), with ratios to full per corpus; `--experiment none` keeps the default model
+(2x200 LSTM, batch 20 x 35); `--steps-for full@1000000=4` gives slow cells fewer steps (timed from the second,
+one measurement per step); `--isolate` runs every cell in a child process of its own (rounds still interleaved)
+and adds its peak memory: the child's peak resident set (`ru_maxrss`: the whole process, Python, torch, corpus
+and model included) or, with `--device cuda`, torch's peak allocated GPU memory.
+
+    LMTRAIN_DATA_DIR=../shared/data python scripts/bench_train.py --experiment none --isolate --threads 1 \
+        --data ptb,zipf:1000000 --outputs full,rff,rff:++output.shared_negatives=true --steps-for full@1000000=3
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -34,20 +47,49 @@ from lmtrain.training.memory import reuse_freed_memory
 from lmtrain.training.run import train
 
 
-def lmtrain_round(entry: str, args: argparse.Namespace, workdir: Path, index: int) -> float:
+def data_overrides(data: str | None) -> list[str]:
+    """``ptb`` -> data=ptb; ``zipf:N`` -> the generated corpus with N types; None -> the experiment's data."""
+    if not data:
+        return []
+    name, _, size = data.partition(":")
+    return [f"data={name}", *([f"data.vocab_size={int(float(size))}"] if size else [])]
+
+
+def data_size(data: str | None) -> int | None:
+    return int(float(data.partition(":")[2])) if data and ":" in data else None
+
+
+def cell_steps(entry: str, data: str | None, args: argparse.Namespace) -> tuple[int, int, int]:
+    """(steps, warmup, interval) of a cell: ``--steps-for OUTPUT@N=STEPS`` rules, else the defaults."""
+    for rule in args.steps_for:
+        target, _, steps = rule.partition("=")
+        output, _, size = target.partition("@")
+        if output == entry.split(":")[0] and (not size or int(float(size)) == (data_size(data) or 0)):
+            return int(steps), 1, 1
+    return args.steps, args.warmup, args.interval
+
+
+def base_overrides(args: argparse.Namespace, data: str | None) -> list[str]:
+    experiment = [] if args.experiment == "none" else [f"experiment={args.experiment}"]
+    device = {"cpu": ["trainer.accelerator=cpu"], "cuda": ["trainer.accelerator=gpu"]}.get(args.device, [])
+    threads = [f"threads={args.threads}"] if args.threads else []
+    return [*experiment, *data_overrides(data), *device, *threads, *args.override]
+
+
+def lmtrain_round(entry: str, args: argparse.Namespace, workdir: Path, index: int, data: str | None = None) -> float:
     """One timed round of ``entry``: an output strategy, optionally with its own overrides after colons
     (``uniform:++output.shared_negatives=false:++output.num_samples=1000``)."""
     output, *own = entry.split(":")
+    steps, warmup, interval = cell_steps(entry, data, args)
     run_dir = workdir / f"{len(list(workdir.iterdir()))}-{index}"
     cfg = compose_config(
         [
-            f"experiment={args.experiment}",
+            *base_overrides(args, data),
             f"output={output}",
-            *args.override,
             *own,
-            f"trainer.max_steps={args.steps}",
+            f"trainer.max_steps={steps}",
             "trainer.limit_val_batches=0",
-            f"trainer.log_every_n_steps={args.interval}",
+            f"trainer.log_every_n_steps={interval}",
             "test_after_fit=false",
             "logger=csv",
             "progress_bar=false",
@@ -57,12 +99,29 @@ def lmtrain_round(entry: str, args: argparse.Namespace, workdir: Path, index: in
         ]
     )
     train(cfg)
-    return training_throughput(run_dir, args.warmup)
+    return training_throughput(run_dir, warmup)
 
 
-def plain_round(args: argparse.Namespace) -> float:
+def peak_memory_mib(device: str) -> float:
+    """This process's peak memory: resident set (CPU) or torch's peak allocated CUDA memory."""
+    if device == "cuda":
+        return torch.cuda.max_memory_allocated() / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10  # KiB on Linux
+
+
+def isolated_round(entry: str, args: argparse.Namespace, workdir: Path, index: int, data: str | None) -> dict:
+    """``lmtrain_round`` in a fresh child process: its tokens/s and peak memory."""
+    cell = {"entry": entry, "data": data, "workdir": str(workdir), "index": index}
+    argv = [sys.executable, __file__, *args.argv, "--cell", json.dumps(cell)]
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"cell {entry} on {data} failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def plain_round(args: argparse.Namespace, data: str | None = None) -> float:
     """The hand-written full-softmax loop on the same data layout and model sizes."""
-    cfg = compose_config([f"experiment={args.experiment}", *args.override])
+    cfg = compose_config(base_overrides(args, data))
     dm = instantiate(cfg.data)
     dm.setup()
     n, m = dm.num_classes, cfg.model
@@ -98,14 +157,26 @@ def main(argv: list[str] | None = None) -> dict:
         help="comma list of strategies; an entry may add its own overrides after colons, e.g. "
         "uniform:++output.shared_negatives=false",
     )
-    parser.add_argument("--experiment", default="zaremba_small")
+    parser.add_argument("--experiment", default="zaremba_small", help="an experiment config, or none")
+    parser.add_argument("--data", default=None, help="comma list of corpora: ptb, wikitext2, zipf:N (N types)")
     parser.add_argument("--override", action="append", default=[], help="extra Hydra override (repeatable)")
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--interval", type=int, default=10, help="steps per tokens_per_sec measurement")
+    parser.add_argument(
+        "--steps-for",
+        action="append",
+        default=[],
+        help="OUTPUT@N=STEPS: that many steps for an output on the zipf:N corpus (timed from the second, "
+        "every step measured); OUTPUT=STEPS on every corpus (repeatable)",
+    )
+    parser.add_argument("--isolate", action="store_true", help="every cell in its own child process; adds peak memory")
+    parser.add_argument("--no-plain", action="store_true", help="skip the plain-PyTorch full-softmax loop")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: the trainer's accelerator=auto)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--json", default=None, help="write the results to this path")
+    parser.add_argument("--cell", default=None, help=argparse.SUPPRESS)  # internal: one isolated round
     parser.add_argument(
         "--default-malloc",
         action="store_true",
@@ -113,40 +184,75 @@ def main(argv: list[str] | None = None) -> dict:
         "before any round, so the plain loop runs under it too",
     )
     args = parser.parse_args(argv)
+    args.argv = [a for a in (sys.argv[1:] if argv is None else argv)]
+    if args.cell is not None:
+        args.argv = args.argv[: args.argv.index("--cell")]
     if not args.default_malloc:
         reuse_freed_memory()  # process-wide: both loops alike
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)  # as lmtrain.training.run.train does, so the reference is not slowed by subnormals
+    if args.cell is not None:  # a child of --isolate: one round, one JSON line
+        cell = json.loads(args.cell)
+        rate = lmtrain_round(cell["entry"], args, Path(cell["workdir"]), cell["index"], cell["data"])
+        print(json.dumps({"tokens_per_sec": rate, "peak_mib": peak_memory_mib(args.device or "cpu")}))
+        return {}
     outputs = [o for o in args.outputs.split(",") if o]
-    samples: dict[str, list[float]] = {o: [] for o in [*outputs, "plain_full"]}
+    corpora: list[str | None] = [d for d in args.data.split(",") if d] if args.data else [None]
+    samples: dict[str, dict[str, list[float]]] = {str(d): {o: [] for o in outputs} for d in corpora}
+    peaks: dict[str, dict[str, float]] = {str(d): {} for d in corpora}
     with tempfile.TemporaryDirectory() as tmp:
         for index in range(args.rounds):
-            for output in outputs:
-                samples[output].append(lmtrain_round(output, args, Path(tmp), index))
-            samples["plain_full"].append(plain_round(args))
-    median = {k: statistics.median(v) for k, v in samples.items()}
+            for data in corpora:
+                for output in outputs:
+                    if args.isolate:
+                        got = isolated_round(output, args, Path(tmp), index, data)
+                        samples[str(data)][output].append(got["tokens_per_sec"])
+                        peaks[str(data)][output] = max(peaks[str(data)].get(output, 0.0), got["peak_mib"])
+                    else:
+                        samples[str(data)][output].append(lmtrain_round(output, args, Path(tmp), index, data))
+                    print(f"round {index} {data} {output}: {samples[str(data)][output][-1]:,.0f} tokens/s", flush=True)
+                if not args.no_plain:
+                    samples[str(data)].setdefault("plain_full", []).append(plain_round(args, data))
+    tables = {data: table(cells, peaks[data]) for data, cells in samples.items()}
     result = {
         "experiment": args.experiment,
         "steps": args.steps,
+        "steps_for": args.steps_for,
         "rounds": args.rounds,
         "threads": torch.get_num_threads(),
+        "device": args.device,
         "reuse_freed_memory": not args.default_malloc,
-        "tokens_per_sec": median,
-        "samples": samples,
-        "ratio_to_full": {k: v / median["full"] for k, v in median.items()} if "full" in median else {},
-        "lmtrain_full_over_plain": median["full"] / median["plain_full"] if "full" in median else None,
+        "peak_memory": "child ru_maxrss (MiB)" if args.device != "cuda" else "torch.cuda.max_memory_allocated (MiB)",
+        **(tables["None"] if corpora == [None] else {"corpora": tables}),
     }
-    width = max(12, *(len(key) for key in median))
-    print(f"{'output':<{width}} {'tokens/s':>10} {'x full':>8}")
-    for key, value in median.items():
-        ratio = result["ratio_to_full"].get(key)
-        print(f"{key:<{width}} {value:>10,.0f} {ratio:>8.2f}" if ratio else f"{key:<{width}} {value:>10,.0f}")
-    if result["lmtrain_full_over_plain"]:
-        print(f"lmtrain full / plain PyTorch loop: {result['lmtrain_full_over_plain']:.3f}")
+    for data, found in tables.items():
+        median = found["tokens_per_sec"]
+        width = max(12, *(len(key) for key in median))
+        print(f"data {data}\n{'output':<{width}} {'tokens/s':>10} {'x full':>8} {'peak MiB':>9}")
+        for key, value in median.items():
+            ratio = found["ratio_to_full"].get(key)
+            peak = found["peak_mib"].get(key)
+            cols = f"{key:<{width}} {value:>10,.0f} " + (f"{ratio:>8.2f}" if ratio else " " * 8)
+            print(cols + (f" {peak:>9,.0f}" if peak else ""))
+        if found["lmtrain_full_over_plain"]:
+            print(f"lmtrain full / plain PyTorch loop: {found['lmtrain_full_over_plain']:.3f}")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
     return result
+
+
+def table(samples: dict[str, list[float]], peaks: dict[str, float]) -> dict:
+    """Medians, ratios to full and peak memory of one corpus's cells."""
+    median = {k: statistics.median(v) for k, v in samples.items() if v}
+    full, plain = median.get("full"), median.get("plain_full")
+    return {
+        "tokens_per_sec": median,
+        "samples": samples,
+        "ratio_to_full": {k: v / full for k, v in median.items()} if full else {},
+        "lmtrain_full_over_plain": full / plain if full and plain else None,
+        "peak_mib": peaks,
+    }
 
 
 if __name__ == "__main__":

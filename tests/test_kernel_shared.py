@@ -167,3 +167,20 @@ def test_configs_default_to_per_example_and_switch_to_shared(name):
     assert not output.sampler.per_example and output.shared_negatives is True
     ids, log_q, _ = output.draw(torch.randn(5, 8))
     assert ids.shape == log_q.shape == (output.num_samples,)
+
+
+def test_the_mixture_query_is_reused_only_for_the_same_queries_and_tree():
+    sampler = RFFSampler(D=16, seed=0)
+    sampler.share_negatives(True)
+    weight = torch.randn(40, 5)
+    sampler.update(weight)
+    hidden = torch.randn(6, 5)
+    psi = sampler.mixture_query(hidden)
+    assert sampler.mixture_query(hidden.detach()) is psi  # the same queries: the draw, then log q of the targets
+    hidden += 1.0  # changed in place
+    assert not torch.equal(sampler.mixture_query(hidden), psi)
+    again = sampler.mixture_query(hidden)
+    weight[3] += 1.0
+    sampler.update(weight, torch.tensor([3]))  # the tree changed
+    torch.testing.assert_close(sampler.mixture_query(hidden), sampler.tree.mixture(hidden))
+    assert sampler.mixture_query(hidden) is not again

@@ -23,7 +23,10 @@ PATHS = {"gather": 0, "dense": 10**9, "auto": 64}
 
 
 def make_features(kind: str) -> FeatureMap:
-    return QuadraticFeatures(alpha=100.0) if kind == "quadratic" else RandomFourierFeatures(D=64, nu=4.0, seed=3)
+    if kind == "quadratic":
+        return QuadraticFeatures(alpha=100.0)
+    projection = "bfloat16" if kind == "rff_bf16" else "float32"  # Omega u from bfloat16 inputs
+    return RandomFourierFeatures(D=64, nu=4.0, seed=3, projection=projection)
 
 
 def make_tree(kind: str, weight: torch.Tensor, path: str = "auto", leaf_size: int = 3, chunk: int = 40) -> KernelTree:
@@ -40,7 +43,7 @@ def augmented(n: int, d: int, seed: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("path", list(PATHS))
-@pytest.mark.parametrize("kind", ["quadratic", "rff"])
+@pytest.mark.parametrize("kind", ["quadratic", "rff", "rff_bf16"])
 def test_log_q_is_a_distribution_and_draws_follow_it(kind, path):
     n, d = 37, 5  # leaf_size 3 -> 16 buckets of 3, the last 3 empty
     weight = augmented(n, d, seed=0)
@@ -180,3 +183,42 @@ def test_dense_draws_follow_the_same_q_as_the_walk(kind):
         statistic = ((observed - wanted) ** 2 / wanted.clamp_min(1e-9)).sum().item()
         assert scipy.stats.chi2.sf(statistic, observed.numel() - 1) > 1e-4
     assert tree.dense_draw_pays(400, 1000) and not tree.dense_draw_pays(10**7, 1000)  # memory-bounded
+
+
+@pytest.mark.parametrize(("kind", "refresh"), [("quadratic", 10**9), ("rff", 10**9), ("rff", 8), ("rff_bf16", 10**9)])
+def test_delta_updates_equal_a_rebuild_after_ten_thousand_rounds(kind, refresh):
+    """Changed rows enter their bucket as phi(new) - phi(old) (refresh 10**9: never recomputed from the weights,
+    the worst case for float32 drift): after 10^4 rounds the tree equals a rebuild."""
+    n, d = 96, 5
+    weight = augmented(n, d, seed=12)
+    tree = KernelTree(make_features(kind), leaf_size=8, refresh=refresh)
+    tree.features.delta_cost = 2.0  # the quadratic features' own cost model recomputes buckets; test deltas too
+    tree.rebuild(weight)
+    gen = torch.Generator().manual_seed(13)
+    scale, by_delta = tree.nodes.abs().max(), 0
+    for _ in range(10_000):
+        rows = torch.randint(0, n, (int(torch.randint(1, 6, (1,), generator=gen)),), generator=gen)
+        weight[rows] += 0.02 * torch.randn(rows.numel(), d + 1, generator=gen)
+        before = tree.deltas.clone()
+        tree.update(weight, rows)
+        by_delta += int((tree.deltas > before).sum())
+    fresh = make_tree(kind, weight, leaf_size=8)
+    error = ((tree.nodes - fresh.nodes).abs().max() / scale).item()
+    assert error < 1e-5, error  # float rounding only, after 10^4 rounds
+    assert by_delta > 10_000  # the delta path was taken (most bucket changes are single rows)
+    assert int(tree.deltas.max()) <= refresh  # a bucket is recomputed once it has taken `refresh` deltas
+
+
+def test_bfloat16_projection_is_close_to_the_float32_features():
+    gen = torch.Generator().manual_seed(14)
+    x = torch.randn(50, 200, generator=gen)
+    exact = RandomFourierFeatures(D=1024, seed=0)(x)
+    fast = RandomFourierFeatures(D=1024, seed=0, projection="bfloat16")(x)
+    assert fast.dtype == torch.float32
+    angle = (fast - exact).abs() * 1024**0.5  # entries are cos / sqrt(D) and sin / sqrt(D)
+    assert angle.mean() < 0.01 and angle.max() < 0.1  # measured: 0.003 and 0.03 rad
+    kernel = (exact @ exact.T, fast @ fast.T)
+    estimate_noise = (kernel[0] - RandomFourierFeatures(D=1024, seed=0).kernel(x[:, None], x[None])).abs().max()
+    assert (kernel[0] - kernel[1]).abs().max() < 0.1 * estimate_noise  # measured: 6e-4 against 0.07
+    with pytest.raises(ValueError, match="projection"):
+        RandomFourierFeatures(projection="float16")

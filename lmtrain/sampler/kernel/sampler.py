@@ -41,16 +41,18 @@ class KernelSampler(Sampler):
         leaf_size: int | None = None,
         eps: float = 1e-6,
         shared: bool = False,
+        refresh: int = 64,
         unigram_share: float = 0.0,
         num_classes: int | None = None,
         counts: Tensor | None = None,
     ) -> None:
         super().__init__()
-        self.tree = KernelTree(features, leaf_size=leaf_size, eps=eps)
+        self.tree = KernelTree(features, leaf_size=leaf_size, eps=eps, refresh=refresh)
         self.unigram = UnigramShare(unigram_share, num_classes, counts) if unigram_share else None
         self.shared = bool(shared)
         self._drawn_since_rebuild = False
         self._told_dense = False
+        self._mixture: tuple[Tensor, tuple, Tensor] | None = None  # (queries, their key, psi): latest mixture
 
     @property
     def features(self) -> FeatureMap:
@@ -64,8 +66,15 @@ class KernelSampler(Sampler):
         self.shared = bool(shared)
 
     def mixture_query(self, hidden: Tensor) -> Tensor:
-        """The feature-space query (F,) whose walk draws from the batch's mixture proposal (``KernelTree.mixture``)."""
-        return self.tree.mixture(self._context(hidden))
+        """The feature-space query (F,) whose walk draws from the batch's mixture proposal (``KernelTree.mixture``).
+        A step asks for it twice with the same queries (the draw, then log q of the targets): it is kept for the
+        same queries (same storage, held here so that no other tensor can take it, and in-place version) and the
+        same tree."""
+        hidden = self._context(hidden)
+        key = (hidden.data_ptr(), hidden.shape, hidden.stride(), hidden.dtype, hidden._version, self.tree.version)
+        if self._mixture is None or self._mixture[1] != key:
+            self._mixture = (hidden, key, self.tree.mixture(hidden))
+        return self._mixture[2]
 
     def sample(self, hidden: Tensor | None, num_samples: int, inputs: Tensor | None = None) -> tuple[Tensor, Tensor]:
         self._drawn_since_rebuild = True
@@ -138,8 +147,8 @@ class QuadraticSampler(KernelSampler):
     the tree stores about 2 * 2^ceil(log2(2 n / d)) * F floats: ~2.7 GB at n = 10^6, d = 201.
     """
 
-    def __init__(self, alpha: float = 100.0, leaf_size: int | None = None, eps: float = 1e-6, **share: Any) -> None:
-        super().__init__(QuadraticFeatures(alpha), leaf_size=leaf_size, eps=eps, **share)  # share: unigram_share, ...
+    def __init__(self, alpha: float = 100.0, leaf_size: int | None = None, eps: float = 1e-6, **options: Any) -> None:
+        super().__init__(QuadraticFeatures(alpha), leaf_size=leaf_size, eps=eps, **options)  # refresh, unigram_share
 
 
 class RFFSampler(KernelSampler):
@@ -158,6 +167,8 @@ class RFFSampler(KernelSampler):
         seed: int = 0,
         leaf_size: int | None = None,
         eps: float = 1e-6,
-        **share: Any,
+        projection: str = "float32",
+        **options: Any,
     ) -> None:
-        super().__init__(RandomFourierFeatures(D, nu, seed, temperature), leaf_size=leaf_size, eps=eps, **share)
+        features = RandomFourierFeatures(D, nu, seed, temperature, projection=projection)
+        super().__init__(features, leaf_size=leaf_size, eps=eps, **options)  # refresh, unigram_share

@@ -11,6 +11,9 @@ from torch import Tensor, nn
 
 from lmtrain.sampler.kernel.features import FeatureMap
 
+GATHER_CHUNK = 1 << 20  # elements of gathered node sums per block of walkers (4 MiB): measured at n = 10^6
+UPDATE_CHUNK = 1 << 19  # elements of the temporaries of one chunk of delta rows (2 MiB: stays in cache)
+
 
 class TreeStore(nn.Module):
     """A complete binary tree over buckets of classes whose nodes store z(C) = sum of phi(w_j), j in C.
@@ -21,6 +24,14 @@ class TreeStore(nn.Module):
     node's score, eps for non-empty nodes and 0 for empty ones. ``leaf_size=None`` uses F / d
     (F = dim phi, d = dim w), which keeps node memory near 2-4x the weight matrix: about
     (2 * 2^ceil(log2(n / leaf_size))) * F floats. The walks over the tree live in ``TreeWalk``.
+
+    ``update`` refreshes a bucket either by recomputing its sum from the weights (``node_sums`` of its L rows)
+    or, when that costs more (``FeatureMap.delta_cost``: for RFF when fewer than half of its classes changed;
+    for the quadratic features practically never), by adding phi(new row) - phi(old row) for each changed row;
+    the old rows come from ``previous``, a copy of the weights as of the last update (n x d floats more).
+    Ancestors are then re-summed from their children, so they never drift from their leaves. Float32 deltas
+    round a little at every add: a bucket that has taken ``refresh`` delta updates is recomputed from the
+    weights at its next change, which bounds that drift (tests: 10^4 rounds equal a rebuild).
     """
 
     def __init__(
@@ -30,19 +41,27 @@ class TreeStore(nn.Module):
         eps: float = 1e-6,
         dense_factor: int = 64,
         chunk_elements: int = 1 << 22,
+        refresh: int = 64,
     ) -> None:
         super().__init__()
         if leaf_size is not None and int(leaf_size) < 1:
             raise ValueError(f"sampler.leaf_size must be a positive class count or null, got {leaf_size}")
         if not eps > 0:
             raise ValueError(f"sampler.eps must be positive (the clamp on node scores), got {eps}")
+        if int(refresh) < 0:
+            raise ValueError(f"sampler.refresh must be >= 0 (0: recompute changed buckets), got {refresh}")
+        self.refresh = int(refresh)
         self.features = features
         self.leaf_size = None if leaf_size is None else int(leaf_size)
         self.eps, self.dense_factor, self.chunk_elements = float(eps), dense_factor, chunk_elements
+        self.gather_elements = GATHER_CHUNK
         self.num_classes = self.depth = self.bucket_size = 0
         self.weight: Tensor | None = None  # the latest weights given to rebuild/update (not a buffer)
+        self.version = 0  # counts rebuilds and updates: what was derived from the nodes before is stale
         self.register_buffer("nodes", torch.empty(0), persistent=False)  # (2B - 1, F)
         self.register_buffer("floor", torch.empty(0), persistent=False)  # (2B - 1,) eps or 0 (empty)
+        self.register_buffer("previous", torch.empty(0), persistent=False)  # (n, d) the rows the leaves hold
+        self.register_buffer("deltas", torch.empty(0), persistent=False)  # (B,) delta updates since a recompute
 
     @property
     def num_buckets(self) -> int:
@@ -52,6 +71,7 @@ class TreeStore(nn.Module):
     def rebuild(self, weight: Tensor) -> None:
         """Recompute every node from ``weight`` (n, d)."""
         n, dim = weight.shape
+        self.version += 1
         size = self.leaf_size or max(1, math.ceil(self.features.out_features(dim) / dim))
         self.depth = max(0, math.ceil(math.log2(math.ceil(n / size))))
         self.bucket_size, self.num_classes = math.ceil(n / self.num_buckets), n
@@ -68,14 +88,30 @@ class TreeStore(nn.Module):
         self._resum_levels(self.nodes)
         self._resum_levels(sizes)
         self.floor = torch.where(sizes > 0, self.eps, 0.0).to(weight.dtype)
+        self.previous = weight.clone() if self.refresh else weight.new_empty(0)
+        self.deltas = torch.zeros(buckets, dtype=torch.int32, device=weight.device)
 
     def update(self, weight: Tensor, rows: Tensor) -> None:
-        """Recompute the buckets holding ``rows`` from the current ``weight`` and re-sum their ancestors."""
+        """Bring the buckets holding ``rows`` up to the current ``weight`` (recomputed, or by deltas for the
+        changed rows: see the class docstring) and re-sum their ancestors."""
         self.weight = weight
+        self.version += 1
         if rows.numel() == 0:
             return
-        buckets = torch.unique(torch.div(rows, self.bucket_size, rounding_mode="floor"))
-        self._set_leaves(buckets)
+        rows = torch.unique(rows)
+        owner = torch.div(rows, self.bucket_size, rounding_mode="floor")
+        buckets, inverse, changed = torch.unique(owner, return_inverse=True, return_counts=True)
+        if self.refresh:
+            size = (self.num_classes - buckets * self.bucket_size).clamp(max=self.bucket_size)  # classes per bucket
+            recompute = (self.features.delta_cost * changed >= size) | (self.deltas[buckets] >= self.refresh)
+            by_delta = ~recompute[inverse]
+            self._add_deltas(rows[by_delta], owner[by_delta])
+            self.deltas[buckets] += 1
+            self.deltas[buckets[recompute]] = 0
+            self.previous[rows] = weight[rows]
+            self._set_leaves(buckets[recompute])
+        else:
+            self._set_leaves(buckets)
         if 8 * buckets.numel() > self.num_buckets:  # most ancestors change: re-sum whole levels
             self._resum_levels(self.nodes)
             return
@@ -96,7 +132,7 @@ class TreeStore(nn.Module):
         """Every internal node of a heap array := left child + right child, bottom-up."""
         for level in reversed(range(self.depth)):
             lo, hi = (1 << level) - 1, (2 << level) - 1
-            heap[lo:hi] = heap[hi : 2 * hi + 1 : 2] + heap[hi + 1 : 2 * hi + 1 : 2]
+            torch.add(heap[hi : 2 * hi + 1 : 2], heap[hi + 1 : 2 * hi + 1 : 2], out=heap[lo:hi])  # no temporary
 
     def _set_leaves(self, buckets: Tensor) -> None:
         per_bucket = self.features.sum_elements(self.bucket_size, self.weight.shape[1])
@@ -105,6 +141,20 @@ class TreeStore(nn.Module):
             chunk = buckets[start : start + step]
             rows, valid = self._members(chunk)
             self.nodes.index_copy_(0, chunk + (self.num_buckets - 1), self.features.node_sums(rows, valid))
+
+    def _add_deltas(self, rows: Tensor, owner: Tensor) -> None:
+        """Leaf of bucket ``owner[i]`` += phi(weight[rows[i]]) - phi(previous[rows[i]]), in cache-sized chunks."""
+        per_row = 2 * (self.weight.shape[1] + self.features.out_features(self.weight.shape[1]))
+        step = max(1, UPDATE_CHUNK // per_row)
+        leaf = owner + (self.num_buckets - 1)
+        pair = self.weight.new_empty(2, min(step, rows.numel()), self.weight.shape[1])  # new and old rows
+        for lo in range(0, rows.numel(), step):
+            chunk = rows[lo : lo + step]
+            size = chunk.numel()
+            torch.index_select(self.weight, 0, chunk, out=pair[0, :size])
+            torch.index_select(self.previous, 0, chunk, out=pair[1, :size])
+            both = self.features(pair[:, :size]).view(2, size, -1)  # (2, c, F)
+            self.nodes.index_add_(0, leaf[lo : lo + step], both[0] - both[1])
 
     def _members(self, buckets: Tensor) -> tuple[Tensor, Tensor]:
         """Rows (..., L, d) of the classes in ``buckets`` (...) and their validity mask (..., L)."""
@@ -119,16 +169,17 @@ class TreeStore(nn.Module):
         if query.shape[-1] != self.weight.shape[1]:
             raise ValueError(f"query has {query.shape[-1]} features, class vectors {self.weight.shape[1]}")
 
-    def _dense(self, width: int, n_query: int, gathered: int) -> bool:
-        """Whether scoring all ``width`` nodes for every query (one pass over their sums plus a GEMM)
-        is cheaper than gathering ``gathered`` node sums per query; ``dense_factor`` = GEMM speed
-        relative to gather speed, per element."""
-        return width * (self.dense_factor + n_query) <= self.dense_factor * n_query * gathered
+    def _dense(self, width: int, n_query: int, gathered: int, factor: float | None = None) -> bool:
+        """Whether scoring all ``width`` items for every query (one pass over them plus a GEMM) is cheaper than
+        gathering ``gathered`` items per query; ``factor`` (default ``dense_factor``) = GEMM speed relative to
+        gather speed, per element."""
+        factor = self.dense_factor if factor is None else factor
+        return width * (factor + n_query) <= factor * n_query * gathered
 
-    def _blocks(self, fn: Callable[[int, int], Tensor], count: int, per_item: int) -> Tensor:
+    def _blocks(self, fn: Callable[[int, int], Tensor], count: int, per_item: int, budget: int | None = None) -> Tensor:
         """fn over blocks of ``count`` items (queries, nodes) sized so each block's temporaries hold about
-        ``chunk_elements`` (``per_item`` elements per item), concatenated along dim 0."""
-        step = max(1, self.chunk_elements // per_item)
+        ``budget`` elements (default ``chunk_elements``; ``per_item`` elements per item), concatenated along dim 0."""
+        step = max(1, min(self.chunk_elements, budget or self.chunk_elements) // per_item)
         if step >= count:
             return fn(0, count)
         return torch.cat([fn(lo, min(lo + step, count)) for lo in range(0, count, step)])

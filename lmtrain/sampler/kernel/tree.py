@@ -114,8 +114,7 @@ class KernelTree(TreeWalk):
         depend on the scale except through the eps clamps, and with weights summing to 1 the node scores keep
         the scale of one query's (for the quadratic kernel every score is >= |C| >= 1, so no clamp binds)."""
         self._check(query)
-        inv_z = 1.0 / torch.maximum(self.features.inner(self.nodes[0], query), self.floor[0])  # (N,) 1 / Z_i
-        return self.features.weighted_sum(query, inv_z / inv_z.sum())
+        return self.features.mixture(query, self.nodes[0], self.floor[0])
 
     def sample_mixture(self, psi: Tensor, num_samples: int) -> tuple[Tensor, Tensor]:
         """``num_samples`` ids (m,) drawn with psi's walk (see ``mixture``) and their exact log q-bar (m,)."""

@@ -7,6 +7,10 @@ from torch import Tensor
 
 from lmtrain.sampler.kernel.store import TreeStore
 
+# node pairs are gathered this many times faster per element than bucket rows (which are also normalized), so a
+# level goes dense later than a bucket scoring does; measured at n = 10^6 (scripts/bench_walk.py)
+LEVEL_GATHER_GAIN = 4
+
 
 class TreeWalk(TreeStore):
     """Walks down a ``TreeStore`` for feature-space queries phi (N, F): from a node, go left with probability
@@ -28,7 +32,7 @@ class TreeWalk(TreeStore):
         scores, turns = [], []
         for level in range(self.depth):  # a loop over levels only; each step is batched over walkers
             width = 2 << level  # nodes on the children's level
-            if self._dense(width, n_query, 2 * k):  # one GEMM over the whole level beats gathers
+            if self._dense(width, n_query, 2 * k, self.dense_factor / LEVEL_GATHER_GAIN):  # a GEMM beats gathers
                 s = self._level_scores(phi, pos, qrow, width, k)
             else:
                 s = self._gathered_scores(phi, pairs, floor, pos, k)
@@ -63,7 +67,7 @@ class TreeWalk(TreeStore):
             raw = torch.bmm(phi[lo:hi].unsqueeze(1), z.transpose(1, 2))  # (b, 1, 2k); faster than z @ column
             return torch.maximum(raw.view(-1, 2), floor.index_select(0, where))
 
-        return self._blocks(block, phi.shape[0], 2 * k * phi.shape[1])
+        return self._blocks(block, phi.shape[0], 2 * k * phi.shape[1], self.gather_elements)
 
     def _path_parents(self, bucket: Tensor) -> tuple[Tensor, Tensor]:
         """For buckets (W,): the heap index of the node left at each level (W, depth), and 1 where the path
@@ -89,7 +93,7 @@ class TreeWalk(TreeStore):
             chosen = s.gather(2, right[lo * k : hi * k].unsqueeze(2)).squeeze(2)
             return (chosen.log() - s.sum(2).log()).sum(1)  # (bk,)
 
-        return self._blocks(block, n_query, 2 * k * self.depth * feats).view(n_query, k)
+        return self._blocks(block, n_query, 2 * k * self.depth * feats, self.gather_elements).view(n_query, k)
 
     def _shared_path_log_q(self, psi: Tensor, bucket: Tensor) -> Tensor:
         """Log-probability (K,) that the walk of the single query psi (F,) reaches each of ``bucket`` (K,):
