@@ -70,3 +70,11 @@ def test_unigram_share_zero_is_the_plain_kernel_and_bad_values_are_refused():
         make_sampler("rff", share=1.0)
     with pytest.raises(ValueError, match="training-split counts"):
         RFFSampler(D=8, unigram_share=0.5)
+
+
+def test_too_few_samples_for_a_unigram_draw_use_the_kernel_alone():
+    sampler = make_sampler("rff", share=0.25)
+    query = queries(3, DIM, seed=2)
+    ids, log_q = sampler.sample(query, 1)  # round(0.25 * 1) = 0 unigram draws
+    assert ids.shape == (3, 1) and sampler.unigram.share == 0.0
+    torch.testing.assert_close(log_q, sampler.tree.log_q(query, ids), rtol=1e-4, atol=1e-5)

@@ -83,7 +83,7 @@ class KernelSampler(Sampler):
         if self.shared:
             psi = self.mixture_query(hidden)
             ids, log_q = self.tree.sample_mixture(psi, num_kernel)  # (m_k,) each
-            if mix is None:
+            if not num_unigram:  # no unigram share, or m too small for one unigram draw
                 return ids, log_q
             extra = mix.draw(num_unigram)  # (m_u,)
             ids = torch.cat([ids, extra])  # (m,)
@@ -96,7 +96,7 @@ class KernelSampler(Sampler):
             ids = torch.multinomial(log_q.exp(), num_samples, replacement=True)  # (N, m)
             return ids, log_q.gather(1, ids)
         ids, log_q = self.tree.sample(query, num_kernel)  # (N, m_k) each
-        if mix is None:
+        if not num_unigram:
             return ids, log_q
         extra = mix.draw(query.shape[0], num_unigram)  # (N, m_u)
         ids = torch.cat([ids, extra], 1)  # (N, m)
