@@ -177,8 +177,8 @@ def test_sparse_lr_sets_the_output_rows_learning_rate():
     ("name", "kwargs", "message"),
     [
         ("rmsprop", {}, "unknown optim.name 'rmsprop'"),
-        ("sgd", {"weight_decay": 1e-4}, "weight_decay=0.0001 would update every output row"),
-        ("sgd", {"momentum": 0.9}, "momentum=0.9 would update every output row"),
+        ("sgd", {"weight_decay": 1e-4}, "weight_decay=0.0001 would update every row of the sparse-gradient weights"),
+        ("sgd", {"momentum": 0.9}, "momentum=0.9 would update every row of the sparse-gradient weights"),
         ("adam", {"sparse_optimizer": "lamb"}, "sparse_optimizer must be sparse_adam or adagrad"),
     ],
 )

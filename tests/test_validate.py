@@ -29,6 +29,8 @@ from tests.conftest import make_config
         (["loss_reduction=avg"], "loss_reduction must be one of 'mean', 'sum', got 'avg'"),
         (["output=rff", "output.correction=x"], "output.correction must be one of 'exact', 'classic', got 'x'"),
         (["model.dropout=1.0"], "model.dropout must be < 1, got 1.0"),
+        (["max_train_seconds=0"], "max_train_seconds must be > 0, got 0"),
+        (["model.sparse_embedding=sometimes"], "model.sparse_embedding must be"),
         (["data=text"], "data.path must be set"),
         (["trainer.max_epoch=1"], "unknown key trainer.max_epoch: did you mean trainer.max_epochs? (trainer has"),
         (["+trainer.max_epoch=1"], "unknown key trainer.max_epoch: did you mean trainer.max_epochs? (trainer has"),

@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lmtrain.training.build import build, build_output
 from lmtrain.training.module import LanguageModel
+from lmtrain.training.optim import sparse_rows_match_dense
 
 
 def build_model(cfg: DictConfig) -> tuple[L.LightningDataModule, LanguageModel]:
@@ -26,12 +27,13 @@ def build_module(
 ) -> LanguageModel:
     """The LanguageModel of ``cfg`` for a vocabulary of ``num_classes`` with these training ``counts`` (and training
     stream, for strategies built from it); ``module.signature`` is what a checkpoint must match to be loaded."""
-    encoder = build(cfg.model, num_classes=num_classes)
+    optim = OmegaConf.to_container(cfg.optim, resolve=True)
+    sparse = cfg.model.get("sparse_embedding")
+    resolved = {"sparse_embedding": sparse_rows_match_dense(optim)} if sparse == "auto" else {}
+    encoder = build(cfg.model, num_classes=num_classes, **resolved)
     output = build_output(cfg, num_classes, encoder.output_dim, counts, train_ids)
-    module = LanguageModel(encoder, output, OmegaConf.to_container(cfg.optim, resolve=True), cfg.loss_reduction)
-    module.signature = {
-        "num_classes": num_classes,
-        "output": cfg.output._target_,
-        "model": OmegaConf.to_container(cfg.model, resolve=True),
-    }
+    module = LanguageModel(encoder, output, optim, cfg.loss_reduction)
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    model.pop("sparse_embedding", None)  # how gradients are stored, not what the weights are: any checkpoint fits
+    module.signature = {"num_classes": num_classes, "output": cfg.output._target_, "model": model}
     return module

@@ -1,5 +1,5 @@
-"""Small Lightning callbacks: a one-line summary per validation, validation at the end of a short run, and the
-progress bar."""
+"""Small Lightning callbacks: a one-line summary per validation, validation at the end of a short run, a training
+time limit, and the progress bar."""
 
 from __future__ import annotations
 
@@ -40,6 +40,20 @@ class ValidateAtEnd(L.Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         if 0 < trainer.max_steps <= trainer.global_step:
+            trainer.should_stop = True
+
+
+class TrainingTimeLimit(L.Callback):
+    """Ends training once the module has trained for ``seconds`` (``max_train_seconds``; validation and checkpoint
+    time left out, resumed time counted), then validates as ``ValidateAtEnd`` does, so that strategies can be
+    compared at equal training time."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = float(seconds)
+
+    def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, *args: Any) -> None:
+        over = module.training_seconds() >= self.seconds
+        if trainer.strategy.reduce_boolean_decision(over, all=False):  # every rank stops at the same step
             trainer.should_stop = True
 
 

@@ -10,13 +10,15 @@ from torch import Tensor, nn
 from lmtrain.model import State
 
 
-def ddp_ignored(output: nn.Module, prefix: str) -> list[str]:
-    """Names (under ``prefix``) that DDP must leave alone: the sparse-gradient parameters, reduced by
-    ``mean_over_ranks`` instead, and the output's derived buffers (kernel trees), which every rank keeps identical
-    itself, from identical weights and identical reduced gradients, instead of broadcasting O(tree) every step."""
-    sparse = {id(p) for p in output.sparse_parameters()}
-    ignored = [f"{prefix}{n}" for n, p in output.named_parameters() if id(p) in sparse]
-    return ignored + [f"{prefix}{n}" for n, _ in output.named_buffers()]
+def ddp_ignored(module: nn.Module, sparse: list[nn.Parameter], output: nn.Module) -> list[str]:
+    """Names in ``module`` that DDP must leave alone: the ``sparse``-gradient parameters, reduced by
+    ``mean_over_ranks`` instead, and the ``output``'s derived buffers (kernel trees), which every rank keeps
+    identical itself, from identical weights and identical reduced gradients, instead of broadcasting O(tree) every
+    step."""
+    ids = {id(p) for p in sparse}
+    buffers = {id(b) for b in output.buffers()}
+    ignored = [n for n, p in module.named_parameters() if id(p) in ids]
+    return ignored + [n for n, b in module.named_buffers() if id(b) in buffers]
 
 
 def mean_over_ranks(param: nn.Parameter, module: L.LightningModule) -> Tensor:

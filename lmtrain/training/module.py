@@ -97,6 +97,8 @@ class LanguageModel(StepMetrics):
         mean_nll = (sums[0] / sums[1].clamp(min=1)).float()
         self.log(f"{split}/loss", mean_nll, sync_dist=False)
         self.log(f"{split}/ppl", mean_nll.exp(), prog_bar=True, sync_dist=False)
+        if split == "val" and self.trainer.state.fn == "fit":  # the x axis of perplexity against training time
+            self.log("train/seconds", self.train_seconds, sync_dist=False)
         if split == "test":
             self._label_test_row()
 
@@ -119,8 +121,14 @@ class LanguageModel(StepMetrics):
         self._eval_end("test")
 
     # --- optimisation ------------------------------------------------------------------------------
+    def sparse_parameters(self) -> list[nn.Parameter]:
+        """The parameters with sparse row gradients: the output's sampled rows, and the encoder's input embedding
+        when it is sparse."""
+        encoder = getattr(self.encoder, "sparse_parameters", None)
+        return self.output.sparse_parameters() + (encoder() if encoder is not None else [])
+
     def configure_optimizers(self) -> dict[str, Any]:
-        sparse = self.output.sparse_parameters()
+        sparse = self.sparse_parameters()
         sparse_ids = {id(p) for p in sparse}
         dense = [p for p in self.parameters() if id(p) not in sparse_ids]
         kwargs = {k: v for k, v in self.optim.items() if k not in ("name", "lr", "clip", "schedule") and v}
@@ -142,11 +150,11 @@ class LanguageModel(StepMetrics):
     # --- multi-process (DDP) -----------------------------------------------------------------------
     def setup(self, stage: str) -> None:
         if self.trainer.world_size > 1:  # runs before the strategy wraps this module in DistributedDataParallel
-            self._ddp_params_and_buffers_to_ignore = ddp_ignored(self.output, "output.")
+            self._ddp_params_and_buffers_to_ignore = ddp_ignored(self, self.sparse_parameters(), self.output)
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         if self.trainer.world_size > 1:  # DDP averaged the dense gradients; average the sparse ones alike
-            for param in self.output.sparse_parameters():
+            for param in self.sparse_parameters():
                 param.grad = mean_over_ranks(param, self)
 
     # --- exact resume ------------------------------------------------------------------------------
@@ -165,6 +173,7 @@ class LanguageModel(StepMetrics):
             "signature": getattr(self, "signature", {}),
             "wandb_id": getattr(self, "wandb_id", None),
             "rng": get_rng_states(),
+            "train_seconds": self.training_seconds(),
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -172,6 +181,7 @@ class LanguageModel(StepMetrics):
         if saved is None or self._trainer is None or self.trainer.state.fn != "fit":
             return
         self._restore_rng = saved["rng"]  # applied at the first batch: iterator creation may draw numbers
+        self.train_seconds = float(saved.get("train_seconds", 0.0))
         # Lightning marks an epoch completed when max_steps stopped it: then the next epoch starts afresh
         epoch = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {}).get("current", {})
         finished = epoch.get("completed", 0) >= epoch.get("ready", 0)

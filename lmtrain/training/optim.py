@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -76,6 +76,13 @@ class MixedOptimizer(torch.optim.Optimizer):
         return loss
 
 
+def sparse_rows_match_dense(optim: Mapping[str, Any]) -> bool:
+    """Whether the optimizer ``optim`` describes applies sparse row gradients exactly as it would the dense gradient
+    with zeros elsewhere: SGD and Adagrad without momentum or weight decay (the untouched rows would not move anyway).
+    Adam would not (SparseAdam's moments are lazy), so a parameter made sparse under it would train differently."""
+    return optim.get("name") in ("sgd", "adagrad") and not optim.get("momentum") and not optim.get("weight_decay")
+
+
 def build_optimizer(
     name: str, dense: Iterable[nn.Parameter], sparse: Iterable[nn.Parameter], lr: float, **kwargs: Any
 ) -> torch.optim.Optimizer:
@@ -95,8 +102,10 @@ def build_optimizer(
         for key in _NO_SPARSE_KEYS:
             if kwargs.get(key):
                 raise ValueError(
-                    f"optim.{key}={kwargs[key]} would update every output row at every step, which the "
-                    f"sparse row path avoids; set optim.{key}=0 or output.sparse=false"
+                    f"optim.{key}={kwargs[key]} would update every row of the sparse-gradient weights (the "
+                    f"sampled output rows, the input embedding with model.sparse_embedding=true) at every step, "
+                    f"which the sparse row path avoids; set optim.{key}=0, output.sparse=false or "
+                    f"model.sparse_embedding=auto"
                 )
         kwargs = {k: v for k, v in kwargs.items() if k not in _NO_SPARSE_KEYS}
     groups = [g for g in ({"params": dense}, {"params": sparse, "lr": sparse_lr}) if g["params"]]

@@ -1,5 +1,6 @@
-"""What a training run writes besides the exact evaluation: the loss at every step, and the perplexity, learning
-rate and throughput every ``trainer.log_every_n_steps`` steps, all in Lightning's rows of metrics.csv."""
+"""What a training run writes besides the exact evaluation: the loss at every step, the perplexity, learning
+rate and throughput every ``trainer.log_every_n_steps`` steps, all in Lightning's rows of metrics.csv, and with
+each validation the training seconds so far (``train/seconds``), the clock of ``max_train_seconds``."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ class StepMetrics(L.LightningModule):
         self._tokens = 0  # training tokens since then
         self._loss_sum, self._loss_steps = 0.0, 0  # training loss since the last validation (EpochSummary)
         self._trained: tuple[int, int] | None = None  # (epoch, step) of the last training step: labels the test row
+        self.train_seconds = 0.0  # time in training so far, validation and its checkpoints left out (resumed too)
+        self._segment: float | None = None  # when the current stretch of training started
 
     def _write_loss(self, loss: float) -> None:
         """train/loss to every logger at every step. Lightning writes what ``self.log`` collects only every
@@ -52,13 +55,28 @@ class StepMetrics(L.LightningModule):
             self.log("tokens_per_sec", self._tokens / (now - self._clock), on_step=True, on_epoch=False)
         self._clock, self._tokens = now, 0
 
+    def training_seconds(self) -> float:
+        """Seconds spent training so far (this process and the runs it resumed), validation left out."""
+        running = time.perf_counter() - self._segment if self._segment is not None else 0.0
+        return self.train_seconds + running
+
+    def on_train_start(self) -> None:
+        self._segment = time.perf_counter()
+
+    def on_train_end(self) -> None:
+        self.train_seconds, self._segment = self.training_seconds(), None
+
     def on_validation_start(self) -> None:  # validation and the checkpoints it writes are not training time
         self._paused = time.perf_counter()
+        if self._segment is not None:
+            self.train_seconds, self._segment = self.training_seconds(), None
 
     def on_validation_end(self) -> None:
         if self._clock is not None and self._paused is not None:
             self._clock += time.perf_counter() - self._paused
         self._paused = None
+        if self.trainer.state.fn == "fit":
+            self._segment = time.perf_counter()
 
     def _label_test_row(self) -> None:
         """Put the test metrics in the row of the last training step: Lightning would label them with the epoch

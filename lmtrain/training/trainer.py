@@ -11,7 +11,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig
 
-from lmtrain.training.callbacks import EpochSummary, ProgressBar, ValidateAtEnd
+from lmtrain.training.callbacks import EpochSummary, ProgressBar, TrainingTimeLimit, ValidateAtEnd
 from lmtrain.training.checkpoints import AtomicCheckpointIO
 from lmtrain.training.memory import reuse_freed_memory
 from lmtrain.training.threads import apply_threads
@@ -50,6 +50,7 @@ def build_callbacks(cfg: DictConfig, ckpt_dir: Path) -> list[L.Callback]:
         ),
         EpochSummary(),
         ValidateAtEnd(),
+        *([TrainingTimeLimit(cfg.max_train_seconds)] if cfg.get("max_train_seconds") else []),
         *([ProgressBar()] if cfg.progress_bar else []),
         *(instantiate(spec) for spec in (cfg.get("callbacks") or {}).values()),
     ]

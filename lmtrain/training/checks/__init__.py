@@ -46,6 +46,7 @@ class RunOptions:
     progress_bar: bool
     reuse_freed_memory: bool
     threads: int | Literal["auto"]
+    max_train_seconds: float | None
 
 
 PARTS = ("data", "model", "sampler", "output", "optim", "trainer", "logger", "callbacks")

@@ -46,6 +46,7 @@ LIMITS: dict[str, tuple[Check, ...]] = {
     "trainer.limit_val_batches": (count_or_fraction(0),),
     "trainer.limit_test_batches": (count_or_fraction(0),),
     "checkpoint_every_n_steps": (at_least(1),),
+    "max_train_seconds": (above(0),),
     "optim.lr": (above(0),),
     "optim.clip": (above(0),),
     "optim.weight_decay": (at_least(0),),
