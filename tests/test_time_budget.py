@@ -32,18 +32,21 @@ def fake_timed_run(folder: Path, name: str, points: list[tuple[int, float, float
 
 
 def test_the_table_ranks_runs_at_the_last_budget_and_the_png_is_written(tmp_path):
-    # slow: 10 steps in 120 s, stopped past a 120 s budget at 125 s; fast: 100 steps, validated every minute
-    fake_timed_run(tmp_path / "runs" / "slow", "slow", [(4, 50.0, 900.0), (9, 125.0, 700.0)], best=100.0)
-    fake_timed_run(tmp_path / "runs" / "fast", "fast", [(49, 60.0, 400.0), (99, 120.5, 300.0)])
+    # slow: 10 steps (12.5 s each) in 125 s, validated at 50 s, 112.5 s (worse) and past a 120 s budget at 125 s;
+    # fast: 100 steps, validated just after each minute
+    points = [(3, 50.0, 900.0), (8, 112.5, 950.0), (9, 125.0, 700.0)]
+    fake_timed_run(tmp_path / "runs" / "slow", "slow", points, best=100.0)
+    fake_timed_run(tmp_path / "runs" / "fast", "fast", [(49, 60.5, 400.0), (99, 120.5, 300.0)])
     slow = timed_run(load_run(tmp_path / "runs" / "slow"), "slow")
     assert slow.steps == 10 and slow.tokens_per_sec == pytest.approx(10 * 700 / 125.0)
     assert slow.ppl_at(30.0) is None  # nothing validated yet
-    assert slow.ppl_at(60.0) == 900.0
+    assert slow.ppl_at(100.0) == 900.0  # the best so far, not the last (950)
     assert slow.ppl_at(120.0) == 700.0  # the validation closing the budget (one step past it) counts
+    assert timed_run(load_run(tmp_path / "runs" / "fast"), "fast").ppl_at(60.0) == 400.0
     out = tmp_path / "out"
     assert time_budget.main([str(tmp_path / "runs"), "--budgets", "1,2", "--out", str(out)]) == 0
     table = (out / "summary.md").read_text().splitlines()
-    assert table[0].startswith("| run | val ppl at 1 min | val ppl at 2 min | steps | tokens/s")
+    assert table[0].startswith("| run | best val ppl by 1 min | best val ppl by 2 min | steps | tokens/s")
     assert table[2].startswith("| fast | 400.0 | 300.0 | 100 |")
     assert table[3].startswith("| slow | 900.0 | 700.0 | 10 |")
     assert "Best possible perplexity of the source (its exact entropy rate): 100.0" in (out / "summary.md").read_text()

@@ -31,12 +31,11 @@ class TimedRun:
         return self.steps * self.tokens_per_step / self.seconds if self.seconds else None
 
     def ppl_at(self, budget: float) -> float | None:
-        """Val ppl of the last validation within ``budget`` training seconds. A run stopped by max_train_seconds
-        ends at the first step past its budget and validates there: that validation counts for the budget."""
-        within = [ppl for t, ppl in self.curve if t <= budget]
-        if self.curve and budget >= self.curve[-1][0] - self.step_seconds:
-            return self.curve[-1][1]
-        return within[-1] if within else None
+        """The best val ppl among the validations within ``budget`` training seconds (the best checkpoint lmtrain
+        keeps by then). A validation counts for a budget when the step before it started within the budget: runs
+        validate at the first step that ends past a time (``val_check_interval``, ``max_train_seconds``)."""
+        within = [ppl for t, ppl in self.curve if t - self.step_seconds <= budget]
+        return min(within) if within else None
 
     @property
     def step_seconds(self) -> float:
@@ -69,8 +68,8 @@ def _fmt(value: float | None, spec: str = ",.1f") -> str:
 
 
 def budget_table(runs: list[TimedRun], budgets: list[float]) -> str:
-    """Markdown: one row per run, the val ppl reached within each budget (minutes), steps and tokens/s."""
-    header = ["run", *(f"val ppl at {b / 60:g} min" for b in budgets), "steps", "tokens/s", "training min"]
+    """Markdown: one row per run, the best val ppl reached within each budget (minutes), steps and tokens/s."""
+    header = ["run", *(f"best val ppl by {b / 60:g} min" for b in budgets), "steps", "tokens/s", "training min"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     ranked = sorted(runs, key=lambda r: (r.ppl_at(budgets[-1]) is None, r.ppl_at(budgets[-1]) or 0.0))
     for run in ranked:
