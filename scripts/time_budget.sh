@@ -14,22 +14,17 @@ run() { python -m lmtrain experiment=time_budget progress_bar=false "$@"; }
 wt2() { run data=wikitext2 "$@"; }
 zipf() { run data=zipf data.vocab_size=1000000 trainer.limit_val_batches=20 "$@"; }
 
-stream_a() {
-    wt2 output=full hydra.run.dir="$out/wt2/full"
-    wt2 output=unigram hydra.run.dir="$out/wt2/unigram"
-    wt2 output=rff hydra.run.dir="$out/wt2/rff"
-    wt2 output=rff output.shared_negatives=true hydra.run.dir="$out/wt2/rff_shared"
-    wt2 output=hsm hydra.run.dir="$out/wt2/hsm"
-    wt2 output=adaptive hydra.run.dir="$out/wt2/adaptive"
-    zipf output=adaptive hydra.run.dir="$out/zipf1m/adaptive"
+overrides() { if [ "$1" = rff_shared ]; then echo "output=rff output.shared_negatives=true"; else echo "output=$1"; fi; }
+each() {  # each CORPUS FOLDER NAME...: one run of each named strategy on that corpus, into $out/FOLDER/NAME
+    local corpus=$1 folder=$2 name
+    shift 2
+    for name in "$@"; do
+        # shellcheck disable=SC2046  # the overrides are words
+        $corpus $(overrides "$name") hydra.run.dir="$out/$folder/$name"
+    done
 }
-stream_b() {
-    zipf output=full hydra.run.dir="$out/zipf1m/full"
-    zipf output=unigram hydra.run.dir="$out/zipf1m/unigram"
-    zipf output=rff hydra.run.dir="$out/zipf1m/rff"
-    zipf output=rff output.shared_negatives=true hydra.run.dir="$out/zipf1m/rff_shared"
-    zipf output=hsm hydra.run.dir="$out/zipf1m/hsm"
-}
+stream_a() { each wt2 wt2 full unigram rff rff_shared hsm adaptive; each zipf zipf1m adaptive; }
+stream_b() { each zipf zipf1m full unigram rff rff_shared hsm; }
 mkdir -p "$out"
 stream_a > "$out/stream_a.log" 2>&1 &
 stream_b > "$out/stream_b.log" 2>&1
