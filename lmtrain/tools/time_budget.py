@@ -63,6 +63,11 @@ def timed_runs(runs: list[RunRecord]) -> list[TimedRun]:
     return [timed_run(run, label) for run, label in zip(runs, run_labels(runs), strict=True)]
 
 
+def best_possible(runs: list[TimedRun]) -> float | None:
+    """The source's optimum, where the corpus is generated (the same for every run of one corpus)."""
+    return next((run.best_possible for run in runs if run.best_possible is not None), None)
+
+
 def _fmt(value: float | None, spec: str = ",.1f") -> str:
     return "" if value is None else format(value, spec)
 
@@ -76,7 +81,7 @@ def budget_table(runs: list[TimedRun], budgets: list[float]) -> str:
         cells = [run.label, *(_fmt(run.ppl_at(b)) for b in budgets)]
         cells += [f"{run.steps:,}", _fmt(run.tokens_per_sec, ",.0f"), _fmt(run.seconds / 60, ".2f")]
         lines.append("| " + " | ".join(cells) + " |")
-    best = next((r.best_possible for r in runs if r.best_possible is not None), None)
+    best = best_possible(runs)
     if best is not None:
         lines.append(f"\nBest possible perplexity of the source (its exact entropy rate): {best:,.1f}.")
     return "\n".join(lines) + "\n"
@@ -90,7 +95,7 @@ def plot_ppl_vs_time(runs: list[TimedRun], path: str | Path, title: str) -> Path
         if run.curve:
             minutes = [t / 60 for t, _ in run.curve]
             ax.plot(minutes, [p for _, p in run.curve], marker="o", ms=3, color=f"C{number % 10}", label=run.label)
-    best = next((r.best_possible for r in runs if r.best_possible is not None), None)
+    best = best_possible(runs)
     if best is not None:
         ax.axhline(best, color="k", ls=":", lw=1, label=f"best possible ({best:,.0f})")
     ax.set(xlabel="training time (minutes, validation left out)", ylabel="validation perplexity (exact)", title=title)

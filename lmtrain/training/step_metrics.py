@@ -15,8 +15,7 @@ class StepMetrics(L.LightningModule):
 
     def __init__(self) -> None:
         super().__init__()
-        self._clock: float | None = None  # when tokens_per_sec was last written (moved on by validation time)
-        self._paused: float | None = None  # when the running validation started
+        self._clock: float | None = None  # training_seconds() when tokens_per_sec was last written
         self._tokens = 0  # training tokens since then
         self._loss_sum, self._loss_steps = 0.0, 0  # training loss since the last validation (EpochSummary)
         self._trained: tuple[int, int] | None = None  # (epoch, step) of the last training step: labels the test row
@@ -50,7 +49,7 @@ class StepMetrics(L.LightningModule):
         if loss_is_nll:  # only then is exp(loss) a perplexity
             self.log("train/ppl", loss.detach().exp(), on_step=True, on_epoch=False, prog_bar=True)
         self.log("lr", self.trainer.optimizers[0].param_groups[0]["lr"], on_step=True, on_epoch=False)
-        now = time.perf_counter()
+        now = self.training_seconds()
         if self._clock is not None:  # mean over the steps since the last write (validation time left out)
             self.log("tokens_per_sec", self._tokens / (now - self._clock), on_step=True, on_epoch=False)
         self._clock, self._tokens = now, 0
@@ -67,14 +66,10 @@ class StepMetrics(L.LightningModule):
         self.train_seconds, self._segment = self.training_seconds(), None
 
     def on_validation_start(self) -> None:  # validation and the checkpoints it writes are not training time
-        self._paused = time.perf_counter()
         if self._segment is not None:
             self.train_seconds, self._segment = self.training_seconds(), None
 
     def on_validation_end(self) -> None:
-        if self._clock is not None and self._paused is not None:
-            self._clock += time.perf_counter() - self._paused
-        self._paused = None
         if self.trainer.state.fn == "fit":
             self._segment = time.perf_counter()
 
