@@ -82,7 +82,7 @@ def test_config_tree_ships_as_package_data():
 def test_a_misspelt_sampler_option_gets_the_close_key():
     with pytest.raises(OverrideError, match=r"sampler\.unigram_shar is not an option of any sampler; did you mean "):
         check_overrides(["output=rff", "sampler.unigram_shar=0.1"])
-    with pytest.raises(OverrideError, match=r"sampler\.zzz .*the options: D, eps, leaf_size, nu"):
+    with pytest.raises(OverrideError, match=r"sampler\.zzz .*the options: D, eps, feature_cache, leaf_size, nu"):
         check_overrides(["output=rff", "sampler.zzz=1"])
     with pytest.raises(OverrideError, match=r"sampler\.nuu is not an option of output=full; no sampler takes it"):
         check_overrides(["sampler.nuu=1"])

@@ -38,7 +38,7 @@ def assert_draws_follow(ids: torch.Tensor, q: torch.Tensor) -> None:
 
 
 @pytest.mark.parametrize("path", list(PATHS))
-@pytest.mark.parametrize("kind", ["quadratic", "rff"])
+@pytest.mark.parametrize("kind", ["quadratic", "rff", "rff_nocache", "rff_bf16cache"])
 def test_shared_draws_follow_log_q_bar(kind, path):
     n, d = 37, 5  # leaf_size 3 -> 16 buckets, the last 3 empty
     tree = make_tree(kind, augmented(n, d, seed=0), path)

@@ -22,18 +22,41 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 PATHS = {"gather": 0, "dense": 10**9, "auto": 64}
 
 
+# the feature cache of each kind of tree (default auto: full precision for rff, none for quadratic)
+CACHE = {"rff_nocache": "off", "rff_bf16cache": "bfloat16", "quadratic_cache": "full"}
+
+
 def make_features(kind: str) -> FeatureMap:
-    if kind == "quadratic":
+    if kind.startswith("quadratic"):
         return QuadraticFeatures(alpha=100.0)
     projection = "bfloat16" if kind == "rff_bf16" else "float32"  # Omega u from bfloat16 inputs
     return RandomFourierFeatures(D=64, nu=4.0, seed=3, projection=projection)
 
 
-def make_tree(kind: str, weight: torch.Tensor, path: str = "auto", leaf_size: int = 3, chunk: int = 40) -> KernelTree:
+def make_tree(
+    kind: str, weight: torch.Tensor, path: str = "auto", leaf_size: int = 3, chunk: int = 40, **kw
+) -> KernelTree:
     """A tree whose small ``chunk`` makes sampling and building run in several memory blocks."""
-    tree = KernelTree(make_features(kind), leaf_size=leaf_size, dense_factor=PATHS[path], chunk_elements=chunk)
+    kw.setdefault("feature_cache", CACHE.get(kind, "auto"))
+    tree = KernelTree(make_features(kind), leaf_size=leaf_size, dense_factor=PATHS[path], chunk_elements=chunk, **kw)
     tree.rebuild(weight)
     return tree
+
+
+def rebuilt(tree: KernelTree, kind: str, weight: torch.Tensor) -> KernelTree:
+    """A fresh tree over ``weight`` like ``tree``. A cache's features must equal those a rebuild computes, to
+    float32 rounding; a bfloat16 cache may round an entry the other way (one ulp), so the fresh tree is then
+    summed from ``tree``'s own cached features."""
+    fresh = make_tree(kind, weight, leaf_size=tree.leaf_size, chunk=tree.chunk_elements)
+    if tree.cache.active:
+        table = tree.cache.table
+        one_ulp = 2**-8 * table.abs().max().float() if table.dtype == torch.bfloat16 else 1e-6
+        assert (table.float() - fresh.cache.table.float()).abs().max() <= one_ulp
+    if tree.cache.active and table.dtype == torch.bfloat16:
+        fresh.cache.table.copy_(table)
+        fresh._set_leaves(torch.arange(fresh.num_buckets))
+        fresh._resum_levels(fresh.nodes)
+    return fresh
 
 
 def augmented(n: int, d: int, seed: int) -> torch.Tensor:
@@ -43,7 +66,7 @@ def augmented(n: int, d: int, seed: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("path", list(PATHS))
-@pytest.mark.parametrize("kind", ["quadratic", "rff", "rff_bf16"])
+@pytest.mark.parametrize("kind", ["quadratic", "rff", "rff_bf16", "rff_nocache", "rff_bf16cache"])
 def test_log_q_is_a_distribution_and_draws_follow_it(kind, path):
     n, d = 37, 5  # leaf_size 3 -> 16 buckets of 3, the last 3 empty
     weight = augmented(n, d, seed=0)
@@ -105,7 +128,7 @@ def test_rff_kernel_estimate_converges_like_one_over_d():
     assert 64 / 3 < ratio < 64 * 3, mse
 
 
-@pytest.mark.parametrize("kind", ["quadratic", "rff"])
+@pytest.mark.parametrize("kind", ["quadratic", "quadratic_cache", "rff", "rff_nocache", "rff_bf16cache"])
 def test_sparse_updates_match_a_rebuild_without_drift(kind):
     n, d = 203, 7
     weight = augmented(n, d, seed=7)
@@ -127,7 +150,7 @@ def test_sparse_updates_match_a_rebuild_without_drift(kind):
         untouched = torch.tensor(sorted(set(range(tree.nodes.shape[0])) - touched))
         assert torch.equal(tree.nodes[untouched], before[untouched])  # only changed buckets and ancestors
         if round_ in (9, 99):
-            fresh = make_tree(kind, weight, leaf_size=4)
+            fresh = rebuilt(tree, kind, weight)
             errors.append((tree.nodes - fresh.nodes).abs().max() / scale)
     assert errors[0] < 1e-5 and errors[1] < 1e-5  # float rounding only
     assert errors[1] <= max(4 * errors[0], 1e-6)  # and no growth with the number of updates
@@ -185,15 +208,18 @@ def test_dense_draws_follow_the_same_q_as_the_walk(kind):
     assert tree.dense_draw_pays(400, 1000) and not tree.dense_draw_pays(10**7, 1000)  # memory-bounded
 
 
-@pytest.mark.parametrize(("kind", "refresh"), [("quadratic", 10**9), ("rff", 10**9), ("rff", 8), ("rff_bf16", 10**9)])
+@pytest.mark.parametrize(
+    ("kind", "refresh"),
+    [(k, 10**9) for k in ("quadratic", "rff", "rff_nocache", "rff_bf16", "rff_bf16cache")]
+    + [("rff", 8), ("rff_nocache", 8)],
+)
 def test_delta_updates_equal_a_rebuild_after_ten_thousand_rounds(kind, refresh):
-    """Changed rows enter their bucket as phi(new) - phi(old) (refresh 10**9: never recomputed from the weights,
-    the worst case for float32 drift): after 10^4 rounds the tree equals a rebuild."""
+    """Changed rows enter their bucket as phi(new) - phi(old) (refresh 10**9: never recomputed, the worst case
+    for float32 drift; old from the feature cache, or node sums of the old rows): after 10^4 rounds the tree
+    equals a rebuild."""
     n, d = 96, 5
     weight = augmented(n, d, seed=12)
-    tree = KernelTree(make_features(kind), leaf_size=8, refresh=refresh)
-    tree.features.delta_cost = 2.0  # the quadratic features' own cost model recomputes buckets; test deltas too
-    tree.rebuild(weight)
+    tree = make_tree(kind, weight, leaf_size=8, chunk=1 << 22, refresh=refresh)
     gen = torch.Generator().manual_seed(13)
     scale, by_delta = tree.nodes.abs().max(), 0
     for _ in range(10_000):
@@ -202,7 +228,10 @@ def test_delta_updates_equal_a_rebuild_after_ten_thousand_rounds(kind, refresh):
         before = tree.deltas.clone()
         tree.update(weight, rows)
         by_delta += int((tree.deltas > before).sum())
-    fresh = make_tree(kind, weight, leaf_size=8)
+    fresh = rebuilt(tree, kind, weight)
+    if tree.cache.active:  # the leaves hold the sums of the cached features
+        leaves = tree.cache.table.view(tree.num_buckets, tree.bucket_size, -1).float().sum(1)
+        assert ((tree.nodes[tree.num_buckets - 1 :] - leaves).abs().max() / scale).item() < 1e-5
     error = ((tree.nodes - fresh.nodes).abs().max() / scale).item()
     assert error < 1e-5, error  # float rounding only, after 10^4 rounds
     assert by_delta > 10_000  # the delta path was taken (most bucket changes are single rows)

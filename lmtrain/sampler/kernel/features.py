@@ -18,12 +18,10 @@ class FeatureMap(nn.Module):
     ``forward`` is phi, applied to raw vectors. A node of the kernel tree stores the sum of phi over
     its classes, which ``node_sums`` computes bucket by bucket.
 
-    ``delta_cost``: what one changed row costs the tree update as a delta phi(new) - phi(old), in units of one
-    member row of a bucket recomputed by ``node_sums``; a bucket with c changed rows of L takes deltas when
-    c * delta_cost < L (``TreeStore.update``).
+    ``cache_pays``: whether keeping phi(w) of every class (``FeatureCache``) saves more than reading it costs.
     """
 
-    delta_cost = 2.0  # two feature vectors per changed row, one per member row
+    cache_pays = True  # phi costs arithmetic per vector (RFF: d x D multiply-adds, 2D sines and cosines)
 
     def out_features(self, in_features: int) -> int:
         """Dimension of phi(x) for x of dimension ``in_features``."""
@@ -45,6 +43,11 @@ class FeatureMap(nn.Module):
     def node_sums(self, rows: Tensor, valid: Tensor) -> Tensor:
         """Sum of phi over the valid rows of each bucket: rows (c, L, d), valid (c, L) -> (c, F)."""
         return (self(rows) * valid.unsqueeze(-1)).sum(1)
+
+    def delta_sums(self, new: Tensor, old: Tensor, valid: Tensor) -> Tensor:
+        """node_sums(new, valid) - node_sums(old, valid): new and old rows (c, L, d) -> (c, F)."""
+        both = self.node_sums(torch.cat([new, old]), valid.repeat(2, 1))  # (2c, F)
+        return both[: new.shape[0]] - both[new.shape[0] :]
 
     def inner(self, psi: Tensor, x: Tensor) -> Tensor:
         """<psi, phi(x)> for one feature-space vector psi (F,) and raw vectors x (..., d) -> (...)."""
@@ -74,50 +77,67 @@ class QuadraticFeatures(FeatureMap):
     [sqrt(alpha) * vec(S(C)), |C|] with S(C) = sum of w w^T over its classes.
     """
 
-    # node_sums forms S(bucket) with one small GEMM (~2.7 us a member row at d' = 201), a delta needs the explicit
-    # F-wide features of two rows (~125 us each): measured at n = 10^5, so changed buckets are recomputed
-    delta_cost = 90.0
+    # node sums and bucket scores are d x d products (S = W^T W, x^T A x), cheaper than reading F = d (d + 1) / 2
+    # cached features per class (and 812 MB at n = 10^4, d' = 201)
+    cache_pays = False
 
     def __init__(self, alpha: float = 100.0) -> None:
         super().__init__()
         if not alpha > 0:
             raise ValueError(f"sampler.alpha must be positive (the quadratic kernel's scale), got {alpha}")
         self.alpha = float(alpha)
+        self._triangles: dict[tuple, tuple[Tensor, Tensor, Tensor, Tensor]] = {}
 
     def out_features(self, in_features: int) -> int:
         return in_features * (in_features + 1) // 2 + 1
 
-    def _triangle(self, dim: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
-        rows, cols = torch.triu_indices(dim, dim, device=device)  # (d (d + 1) / 2,) each
-        scale = torch.where(rows == cols, math.sqrt(self.alpha), math.sqrt(2 * self.alpha)).to(dtype)
-        return rows, cols, scale
+    def _triangle(self, dim: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Row and column of each upper-triangle entry, its index in a flattened (d, d) matrix (reading a flat
+        index_select is ~5x faster than indexing with the (row, column) pairs) and its scale."""
+        key = (dim, device, dtype)
+        if key not in self._triangles:
+            rows, cols = torch.triu_indices(dim, dim, device=device)  # (d (d + 1) / 2,) each
+            scale = torch.where(rows == cols, math.sqrt(self.alpha), math.sqrt(2 * self.alpha)).to(dtype)
+            self._triangles[key] = rows, cols, rows * dim + cols, scale
+        return self._triangles[key]
 
     def log_kernel_dot(self, dot: Tensor) -> Tensor:
         return torch.log1p(self.alpha * dot.square())
 
     def forward(self, x: Tensor) -> Tensor:
-        rows, cols, scale = self._triangle(x.shape[-1], x.device, x.dtype)
+        rows, cols, _, scale = self._triangle(x.shape[-1], x.device, x.dtype)
         outer = x[..., rows] * x[..., cols] * scale  # (..., d (d + 1) / 2)
         return torch.cat([outer, outer.new_ones(*outer.shape[:-1], 1)], dim=-1)
 
     def node_sums(self, rows: Tensor, valid: Tensor) -> Tensor:
         rows = rows * valid.unsqueeze(-1)
         second = rows.transpose(1, 2) @ rows  # (c, d, d) = S(bucket)
-        tri_r, tri_c, scale = self._triangle(rows.shape[-1], rows.device, rows.dtype)
         count = valid.sum(1, keepdim=True).to(rows.dtype)  # (c, 1)
-        return torch.cat([second[:, tri_r, tri_c] * scale, count], dim=1)
+        return torch.cat([self._vectorize(second), count], dim=1)
+
+    def delta_sums(self, new: Tensor, old: Tensor, valid: Tensor) -> Tensor:
+        # S(new) - S(old) = [new; old]^T [new; -old]: one (d, d) product per bucket; the counts do not change
+        mask = valid.unsqueeze(-1).to(new.dtype)
+        both = torch.cat([new * mask, old * mask], 1)  # (c, 2L, d)
+        second = both.transpose(1, 2) @ torch.cat([new * mask, old * -mask], 1)  # (c, d, d)
+        return torch.cat([self._vectorize(second), second.new_zeros(second.shape[0], 1)], dim=1)
+
+    def _vectorize(self, second: Tensor) -> Tensor:
+        """(c, d, d) matrices -> (c, d (d + 1) / 2) scaled upper triangles."""
+        _, _, flat, scale = self._triangle(second.shape[-1], second.device, second.dtype)
+        return second.flatten(1).index_select(1, flat) * scale
 
     def inner(self, psi: Tensor, x: Tensor) -> Tensor:
         # psi = [sqrt(alpha) vec(A), c] in the triangle layout: <psi, phi(x)> = x^T A' x + c, A' upper triangular
-        rows, cols, scale = self._triangle(x.shape[-1], x.device, x.dtype)
-        upper = x.new_zeros(x.shape[-1], x.shape[-1])
-        upper[rows, cols] = psi[:-1] * scale  # (d, d): no (..., F) features of x are formed
+        _, _, flat, scale = self._triangle(x.shape[-1], x.device, x.dtype)
+        upper = x.new_zeros(x.shape[-1] ** 2)
+        upper[flat] = psi[:-1] * scale
+        upper = upper.view(x.shape[-1], x.shape[-1])  # (d, d): no (..., F) features of x are formed
         return ((x @ upper) * x).sum(-1) + psi[-1]
 
     def weighted_sum(self, x: Tensor, weights: Tensor) -> Tensor:
         second = (x * weights.unsqueeze(1)).T @ x  # (d, d) = sum_i weights_i x_i x_i^T: no (N, F) features
-        rows, cols, scale = self._triangle(x.shape[-1], x.device, x.dtype)
-        return torch.cat([second[rows, cols] * scale, weights.sum().view(1)])
+        return torch.cat([self._vectorize(second.unsqueeze(0))[0], weights.sum().view(1)])
 
     def sum_elements(self, bucket_size: int, in_features: int) -> int:
         return bucket_size * in_features + 2 * self.out_features(in_features)

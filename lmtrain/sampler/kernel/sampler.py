@@ -42,12 +42,13 @@ class KernelSampler(Sampler):
         eps: float = 1e-6,
         shared: bool = False,
         refresh: int = 64,
+        feature_cache: str | bool | None = "auto",
         unigram_share: float = 0.0,
         num_classes: int | None = None,
         counts: Tensor | None = None,
     ) -> None:
         super().__init__()
-        self.tree = KernelTree(features, leaf_size=leaf_size, eps=eps, refresh=refresh)
+        self.tree = KernelTree(features, leaf_size=leaf_size, eps=eps, refresh=refresh, feature_cache=feature_cache)
         self.unigram = UnigramShare(unigram_share, num_classes, counts) if unigram_share else None
         self.shared = bool(shared)
         self._drawn_since_rebuild = False
@@ -148,7 +149,9 @@ class QuadraticSampler(KernelSampler):
     """
 
     def __init__(self, alpha: float = 100.0, leaf_size: int | None = None, eps: float = 1e-6, **options: Any) -> None:
-        super().__init__(QuadraticFeatures(alpha), leaf_size=leaf_size, eps=eps, **options)  # refresh, unigram_share
+        super().__init__(
+            QuadraticFeatures(alpha), leaf_size=leaf_size, eps=eps, **options
+        )  # refresh, feature_cache, unigram_share
 
 
 class RFFSampler(KernelSampler):
@@ -171,4 +174,4 @@ class RFFSampler(KernelSampler):
         **options: Any,
     ) -> None:
         features = RandomFourierFeatures(D, nu, seed, temperature, projection=projection)
-        super().__init__(features, leaf_size=leaf_size, eps=eps, **options)  # refresh, unigram_share
+        super().__init__(features, leaf_size=leaf_size, eps=eps, **options)  # refresh, feature_cache, unigram_share

@@ -9,10 +9,12 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from lmtrain.sampler.kernel.cache import FeatureCache
 from lmtrain.sampler.kernel.features import FeatureMap
 
 GATHER_CHUNK = 1 << 20  # elements of gathered node sums per block of walkers (4 MiB): measured at n = 10^6
 UPDATE_CHUNK = 1 << 19  # elements of the temporaries of one chunk of delta rows (2 MiB: stays in cache)
+DELTA_COST = 2  # a changed row's delta costs two member rows of a bucket recompute (phi(new) and phi(old))
 
 
 class TreeStore(nn.Module):
@@ -25,13 +27,15 @@ class TreeStore(nn.Module):
     (F = dim phi, d = dim w), which keeps node memory near 2-4x the weight matrix: about
     (2 * 2^ceil(log2(n / leaf_size))) * F floats. The walks over the tree live in ``TreeWalk``.
 
-    ``update`` refreshes a bucket either by recomputing its sum from the weights (``node_sums`` of its L rows)
-    or, when that costs more (``FeatureMap.delta_cost``: for RFF when fewer than half of its classes changed;
-    for the quadratic features practically never), by adding phi(new row) - phi(old row) for each changed row;
-    the old rows come from ``previous``, a copy of the weights as of the last update (n x d floats more).
-    Ancestors are then re-summed from their children, so they never drift from their leaves. Float32 deltas
-    round a little at every add: a bucket that has taken ``refresh`` delta updates is recomputed from the
-    weights at its next change, which bounds that drift (tests: 10^4 rounds equal a rebuild).
+    ``update`` brings the buckets holding changed rows up to date. With a ``FeatureCache`` (``feature_cache``,
+    the phi(w) of every class) a changed row enters its bucket as phi(new) - cached phi(old), one feature vector
+    per row. Without one, a bucket either is recomputed from the weights (``FeatureMap.node_sums`` of its L rows)
+    or, when fewer than L / 2 of its rows changed, takes node_sums(new rows) - node_sums(old rows) of the changed
+    rows only, grouped by bucket (for the quadratic map that is S(new) - S(old), two small GEMMs); the old rows
+    come from ``previous``, a copy of the weights as of the last update (n x d floats more). Ancestors are then
+    re-summed from their children, so they never drift from their leaves. Float deltas round a little at every
+    add: a bucket that has taken ``refresh`` delta updates is recomputed (from the cache, or from the weights)
+    at its next change, which bounds that drift (tests: 10^4 rounds equal a rebuild).
     """
 
     def __init__(
@@ -42,6 +46,7 @@ class TreeStore(nn.Module):
         dense_factor: int = 64,
         chunk_elements: int = 1 << 22,
         refresh: int = 64,
+        feature_cache: str | bool | None = "auto",
     ) -> None:
         super().__init__()
         if leaf_size is not None and int(leaf_size) < 1:
@@ -52,6 +57,7 @@ class TreeStore(nn.Module):
             raise ValueError(f"sampler.refresh must be >= 0 (0: recompute changed buckets), got {refresh}")
         self.refresh = int(refresh)
         self.features = features
+        self.cache = FeatureCache(feature_cache)
         self.leaf_size = None if leaf_size is None else int(leaf_size)
         self.eps, self.dense_factor, self.chunk_elements = float(eps), dense_factor, chunk_elements
         self.gather_elements = GATHER_CHUNK
@@ -84,11 +90,12 @@ class TreeStore(nn.Module):
             self.nodes = weight.new_empty(shape)  # every row is written below
         sizes = torch.zeros(2 * buckets - 1, dtype=torch.long, device=weight.device)
         sizes[buckets - 1 :] = counts
+        self.cache.fill(self.features, weight, buckets * self.bucket_size, self.chunk_elements)
         self._set_leaves(torch.arange(buckets, device=weight.device))
         self._resum_levels(self.nodes)
         self._resum_levels(sizes)
         self.floor = torch.where(sizes > 0, self.eps, 0.0).to(weight.dtype)
-        self.previous = weight.clone() if self.refresh else weight.new_empty(0)
+        self.previous = weight.clone() if self.refresh and not self.cache.active else weight.new_empty(0)
         self.deltas = torch.zeros(buckets, dtype=torch.int32, device=weight.device)
 
     def update(self, weight: Tensor, rows: Tensor) -> None:
@@ -98,20 +105,18 @@ class TreeStore(nn.Module):
         self.version += 1
         if rows.numel() == 0:
             return
-        rows = torch.unique(rows)
+        rows = torch.unique(rows)  # sorted: the rows of one bucket are contiguous
         owner = torch.div(rows, self.bucket_size, rounding_mode="floor")
         buckets, inverse, changed = torch.unique(owner, return_inverse=True, return_counts=True)
-        if self.refresh:
+        recompute = self.deltas[buckets] >= self.refresh  # refresh 0: every changed bucket
+        if not self.cache.active:  # a delta costs two rows' node sums, a recompute all L of the bucket's
             size = (self.num_classes - buckets * self.bucket_size).clamp(max=self.bucket_size)  # classes per bucket
-            recompute = (self.features.delta_cost * changed >= size) | (self.deltas[buckets] >= self.refresh)
-            by_delta = ~recompute[inverse]
-            self._add_deltas(rows[by_delta], owner[by_delta])
-            self.deltas[buckets] += 1
-            self.deltas[buckets[recompute]] = 0
-            self.previous[rows] = weight[rows]
-            self._set_leaves(buckets[recompute])
-        else:
-            self._set_leaves(buckets)
+            recompute |= DELTA_COST * changed >= size
+        by_delta = ~recompute[inverse]
+        self._add_deltas(rows, owner, by_delta)
+        self.deltas[buckets] += 1
+        self.deltas[buckets[recompute]] = 0
+        self._set_leaves(buckets[recompute])
         if 8 * buckets.numel() > self.num_buckets:  # most ancestors change: re-sum whole levels
             self._resum_levels(self.nodes)
             return
@@ -135,26 +140,63 @@ class TreeStore(nn.Module):
             torch.add(heap[hi : 2 * hi + 1 : 2], heap[hi + 1 : 2 * hi + 1 : 2], out=heap[lo:hi])  # no temporary
 
     def _set_leaves(self, buckets: Tensor) -> None:
-        per_bucket = self.features.sum_elements(self.bucket_size, self.weight.shape[1])
+        """Leaves of ``buckets`` := the sum of their classes' features (from the cache, or computed from the rows)."""
+        dim, size = self.weight.shape[1], self.bucket_size
+        cached = self.cache.active
+        per_bucket = size * self.nodes.shape[1] if cached else self.features.sum_elements(size, dim)
         step = max(1, self.chunk_elements // per_bucket)
         for start in range(0, buckets.numel(), step):  # chunks of buckets bound the memory
             chunk = buckets[start : start + step]
-            rows, valid = self._members(chunk)
-            self.nodes.index_copy_(0, chunk + (self.num_buckets - 1), self.features.node_sums(rows, valid))
+            if cached:
+                sums = self.cache.bucket_sums(chunk, size, self.nodes.dtype)
+            else:
+                sums = self.features.node_sums(*self._members(chunk))
+            self.nodes.index_copy_(0, chunk + (self.num_buckets - 1), sums)
 
-    def _add_deltas(self, rows: Tensor, owner: Tensor) -> None:
-        """Leaf of bucket ``owner[i]`` += phi(weight[rows[i]]) - phi(previous[rows[i]]), in cache-sized chunks."""
-        per_row = 2 * (self.weight.shape[1] + self.features.out_features(self.weight.shape[1]))
-        step = max(1, UPDATE_CHUNK // per_row)
+    def _add_deltas(self, rows: Tensor, owner: Tensor, by_delta: Tensor) -> None:
+        """Leaf of bucket ``owner[i]`` += phi(new row) - phi(old row) for the sorted ``rows[by_delta]``. With a cache
+        every changed row's cached phi becomes phi(new) (the old one is the delta's); without, the old rows are
+        ``previous`` and every changed row is copied there."""
         leaf = owner + (self.num_buckets - 1)
-        pair = self.weight.new_empty(2, min(step, rows.numel()), self.weight.shape[1])  # new and old rows
-        for lo in range(0, rows.numel(), step):
-            chunk = rows[lo : lo + step]
-            size = chunk.numel()
-            torch.index_select(self.weight, 0, chunk, out=pair[0, :size])
-            torch.index_select(self.previous, 0, chunk, out=pair[1, :size])
-            both = self.features(pair[:, :size]).view(2, size, -1)  # (2, c, F)
-            self.nodes.index_add_(0, leaf[lo : lo + step], both[0] - both[1])
+        if self.cache.active:
+            step = max(1, UPDATE_CHUNK // (self.weight.shape[1] + 2 * self.nodes.shape[1]))
+            for lo in range(0, rows.numel(), step):
+                delta = self.cache.swap(self.features, self.weight, rows[lo : lo + step])  # (c, F)
+                keep = by_delta[lo : lo + step]
+                self.nodes.index_add_(0, leaf[lo : lo + step][keep], delta[keep])
+            return
+        if self.refresh:
+            self._add_grouped_deltas(rows[by_delta], owner[by_delta])
+            self.previous[rows] = self.weight[rows]
+
+    def _add_grouped_deltas(self, rows: Tensor, owner: Tensor) -> None:
+        """Leaves += node_sums(new rows) - node_sums(old rows) over each bucket's changed rows (sorted by bucket).
+        Buckets go in blocks of similar change counts, each padded to its largest count (little padding)."""
+        if rows.numel() == 0:
+            return
+        buckets, counts = torch.unique_consecutive(owner, return_counts=True)  # (G,) each
+        starts = counts.cumsum(0) - counts
+        order = counts.argsort()
+        ranked = counts[order].tolist()
+        dim, lo = self.weight.shape[1], 0
+        while lo < len(ranked):  # ascending counts: the block's last group is its widest
+            hi = lo + 1
+            while (
+                hi < len(ranked)
+                and 2 * (hi + 1 - lo) * self.features.sum_elements(ranked[hi], dim) <= self.chunk_elements
+            ):
+                hi += 1
+            group, width = order[lo:hi], ranked[hi - 1]
+            slot = torch.arange(width, device=rows.device)
+            valid = slot < counts[group].unsqueeze(1)  # (g, c)
+            where = rows[(starts[group].unsqueeze(1) + slot).clamp(max=rows.numel() - 1)].view(-1)  # (g c,)
+            new, old = (
+                rows_of.index_select(0, where).view(group.numel(), width, -1)
+                for rows_of in (self.weight, self.previous)
+            )
+            sums = self.features.delta_sums(new, old, valid)  # (g, F)
+            self.nodes.index_add_(0, buckets[group] + (self.num_buckets - 1), sums)
+            lo = hi
 
     def _members(self, buckets: Tensor) -> tuple[Tensor, Tensor]:
         """Rows (..., L, d) of the classes in ``buckets`` (...) and their validity mask (..., L)."""

@@ -28,6 +28,8 @@ class KernelTree(TreeWalk):
     draws, so it is the exact log-probability of a draw.
     """
 
+    _scored: tuple[Tensor, int, Tensor, Tensor] | None = None  # psi, tree version, in-bucket log weights, done
+
     # --- per example ----------------------------------------------------------------------------
     def sample(self, query: Tensor, num_samples: int) -> tuple[Tensor, Tensor]:
         """query (N, d) -> ids (N, m) drawn per example, and their exact log q (N, m)."""
@@ -141,14 +143,31 @@ class KernelTree(TreeWalk):
 
     def _mixture_log_weights(self, psi: Tensor, bucket: Tensor) -> tuple[Tensor, Tensor]:
         """log max(<psi, phi(w_j)>, eps) for the members of each bucket (W,) -> (W, L) (-inf on padding), and the
-        member ids (W, L); each distinct bucket is scored once, in memory-bounded chunks."""
-        ids = bucket.unsqueeze(1) * self.bucket_size + torch.arange(self.bucket_size, device=bucket.device)  # (W, L)
-        distinct, inverse = torch.unique(bucket, return_inverse=True)  # (u,), (W,)
+        member ids (W, L). A step asks twice for one psi (its draws, then its targets' log q-bar), mostly for the
+        same buckets: each bucket is scored once per psi and tree version (``_scored``, B x L values), with phi(w_j)
+        read from the feature cache when there is one, in memory-bounded chunks."""
+        slots = torch.arange(self.bucket_size, device=bucket.device)
+        if self._scored is None or self._scored[0] is not psi or self._scored[1] != self.version:
+            done = torch.zeros(self.num_buckets, dtype=torch.bool, device=psi.device)
+            self._scored = (psi, self.version, psi.new_empty(self.num_buckets, self.bucket_size), done)
+        _, _, table, done = self._scored
+        distinct = torch.unique(bucket)
+        todo = distinct[~done[distinct]]  # (u,) buckets not scored yet for this psi
+        cached = self.cache.active
 
         def block(lo: int, hi: int) -> Tensor:
-            rows, valid = self._members(distinct[lo:hi])  # (b, L, d), (b, L)
-            scores = self.features.inner(psi, rows).clamp_min(self.eps)  # (b, L)
+            if cached:  # the cache's padding rows are zero: their scores clamp to eps and are masked below
+                members = todo[lo:hi].unsqueeze(1) * self.bucket_size + slots  # (b, L)
+                valid = members < self.num_classes
+                scores = self.cache.scores(psi, members).clamp_min(self.eps)  # (b, L)
+            else:
+                rows, valid = self._members(todo[lo:hi])  # (b, L, d), (b, L)
+                scores = self.features.inner(psi, rows).clamp_min(self.eps)  # (b, L)
             return scores.log().masked_fill(~valid, float("-inf"))
 
-        per_bucket = self.features.sum_elements(self.bucket_size, self.weight.shape[1])
-        return self._blocks(block, distinct.numel(), per_bucket)[inverse], ids
+        if todo.numel():
+            dim = psi.numel() if cached else self.weight.shape[1]
+            per_bucket = self.bucket_size * dim if cached else self.features.sum_elements(self.bucket_size, dim)
+            table[todo] = self._blocks(block, todo.numel(), per_bucket)
+            done[todo] = True
+        return table[bucket], bucket.unsqueeze(1) * self.bucket_size + slots  # (W, L) each
