@@ -13,7 +13,8 @@ For each vocabulary size n (an RFF tree, D = 1024, d = 200, N = 700 queries, m =
 - **updates** (item 4): after the draws of a step, the rows an SGD step changes (targets and drawn ids: per
   example; targets and m draws of the batch-shared mixture for m = 100 and 1,000), the tree update's time with
   delta updates (the default) and with every changed bucket recomputed (``refresh=0``, the old update), beside
-  the sampling time of the same mode.
+  the sampling time of the same mode (the draws; and the draws plus the N targets' log q, the proposal's whole
+  share of a step).
 
 ``--projection bfloat16`` builds the measured tree with ``sampler.projection=bfloat16`` (the recompute tree
 stays the float32 update before issue 12). All cells run in this one process, rounds interleaved; times are
@@ -133,13 +134,13 @@ def round_cells(cell: dict[str, Any], args: argparse.Namespace) -> dict[str, tup
         out["sample_before"] = clocked(lambda: tree.sample(query, args.num_samples))
     box: dict[str, Any] = {}
     out["sample"] = clocked(lambda: box.update(per=tree.sample(query, args.num_samples)))
+    out["targets_per_example"] = clocked(lambda: tree.log_q(query, cell["target"].view(-1, 1)))
     drawn["per_example"] = box["per"][0]
     for m in args.shared:
-        psi = tree.mixture(query)
-        out[f"sample_shared_m{m}"] = clocked(lambda m=m, psi=psi: box.update(s=tree.sample_mixture(psi, m)))
-        out[f"sample_shared_m{m}"] = tuple(
-            a + b for a, b in zip(out[f"sample_shared_m{m}"], clocked(lambda: tree.mixture(query)), strict=True)
-        )
+        mixture = clocked(lambda: box.update(psi=tree.mixture(query)))
+        out[f"sample_shared_m{m}"] = clocked(lambda m=m: box.update(s=tree.sample_mixture(box["psi"], m)))
+        out[f"sample_shared_m{m}"] = tuple(a + b for a, b in zip(out[f"sample_shared_m{m}"], mixture, strict=True))
+        out[f"targets_shared_m{m}"] = clocked(lambda: tree.log_q_mixture(box["psi"], cell["target"]))
         drawn[f"shared_m{m}"] = box["s"][0]
     for mode, ids in drawn.items():
         rows = changed_rows(ids, cell["target"])
@@ -193,6 +194,9 @@ def summarize(
     for mode in ["per_example", *(f"shared_m{m}" for m in args.shared)]:
         sample = med["sample" if mode == "per_example" else f"sample_{mode}"]["cpu_s"]
         result[f"update_over_sample_{mode}"] = med[f"update_{mode}"]["cpu_s"] / sample
+        result[f"update_over_proposal_{mode}"] = med[f"update_{mode}"]["cpu_s"] / (
+            sample + med[f"targets_{mode}"]["cpu_s"]
+        )
     return result
 
 
@@ -256,7 +260,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 f"  {mode}: {row['changed_rows'][mode]:.0f} changed rows; "
                 f"update {t[f'update_{mode}']['cpu_s'] * 1e3:.1f} ms"
                 f" (recompute buckets: {t[f'update_recompute_{mode}']['cpu_s'] * 1e3:.1f} ms) vs sampling "
-                f"{sample * 1e3:.1f} ms: update / sample {row[f'update_over_sample_{mode}']:.2f}",
+                f"{sample * 1e3:.1f} ms: update / sample {row[f'update_over_sample_{mode}']:.2f}; the targets' log q "
+                f"{t[f'targets_{mode}']['cpu_s'] * 1e3:.1f} ms, update / (sample + targets) "
+                f"{row[f'update_over_proposal_{mode}']:.2f}",
                 flush=True,
             )
         del cell, samples

@@ -77,11 +77,13 @@ class FeatureCache(nn.Module):
         blocks = self.table.view(-1, bucket_size, self.table.shape[1])  # (B, L, F)
         return blocks.index_select(0, buckets).sum(1, dtype=dtype)
 
-    def swap(self, features: FeatureMap, weight: Tensor, rows: Tensor) -> Tensor:
-        """Cache phi(weight[rows]) and return phi(new) - phi(old) (c, F) in the weights' dtype, where phi(old) is what
-        the cache held: exactly what the tree's sums hold for those rows."""
+    def swap(self, features: FeatureMap, weight: Tensor, rows: Tensor, keep: Tensor) -> Tensor:
+        """Cache phi(weight[rows]) for ``rows`` (c,) and return phi(new) - phi(old) (k, F) in the weights' dtype for
+        ``rows[keep]``, where phi(old) is what the cache held: exactly what the tree's sums hold for those rows."""
         new = features(weight.index_select(0, rows)).to(self.table.dtype)  # (c, F), rounded as the cache stores it
-        delta = new.to(weight.dtype) - self.table.index_select(0, rows).to(weight.dtype)
+        every = bool(keep.all())
+        kept_new, kept_rows = (new, rows) if every else (new[keep], rows[keep])
+        delta = torch.sub(kept_new.to(weight.dtype), self.table.index_select(0, kept_rows).to(weight.dtype))
         self.table.index_copy_(0, rows, new)
         return delta
 

@@ -13,7 +13,7 @@ from lmtrain.sampler.kernel.cache import FeatureCache
 from lmtrain.sampler.kernel.features import FeatureMap
 
 GATHER_CHUNK = 1 << 20  # elements of gathered node sums per block of walkers (4 MiB): measured at n = 10^6
-UPDATE_CHUNK = 1 << 19  # elements of the temporaries of one chunk of delta rows (2 MiB: stays in cache)
+UPDATE_CHUNK = 1 << 21  # elements of the temporaries of one chunk of changed rows (8 MiB): measured at n = 10^4, 10^6
 DELTA_COST = 2  # a changed row's delta costs two member rows of a bucket recompute (phi(new) and phi(old))
 
 
@@ -161,9 +161,9 @@ class TreeStore(nn.Module):
         if self.cache.active:
             step = max(1, UPDATE_CHUNK // (self.weight.shape[1] + 2 * self.nodes.shape[1]))
             for lo in range(0, rows.numel(), step):
-                delta = self.cache.swap(self.features, self.weight, rows[lo : lo + step])  # (c, F)
-                keep = by_delta[lo : lo + step]
-                self.nodes.index_add_(0, leaf[lo : lo + step][keep], delta[keep])
+                keep = by_delta[lo : lo + step]  # rows of buckets recomputed below only refresh the cache
+                delta = self.cache.swap(self.features, self.weight, rows[lo : lo + step], keep)  # (k, F)
+                self.nodes.index_add_(0, leaf[lo : lo + step][keep], delta)
             return
         if self.refresh:
             self._add_grouped_deltas(rows[by_delta], owner[by_delta])
