@@ -12,12 +12,13 @@ For each vocabulary size n (an RFF tree, D = 1024, d = 200, N = 700 queries, m =
   (``--before``: every level below ~12,000 nodes as one GEMM, gathers in 16 MiB blocks) is timed beside it.
 - **updates** (item 4): after the draws of a step, the rows an SGD step changes (targets and drawn ids: per
   example; targets and m draws of the batch-shared mixture for m = 100 and 1,000), the tree update's time with
-  delta updates (the default) and with every changed bucket recomputed (``refresh=0``, the old update), beside
+  delta updates (the default: phi(new) minus the cached phi(old)), without the feature cache (phi(new) - phi(old),
+  two feature vectors) and with every changed bucket recomputed (``refresh=0``, no cache: the old update), beside
   the sampling time of the same mode (the draws; and the draws plus the N targets' log q, the proposal's whole
   share of a step).
 
-``--projection bfloat16`` builds the measured tree with ``sampler.projection=bfloat16`` (the recompute tree
-stays the float32 update before issue 12). All cells run in this one process, rounds interleaved; times are
+``--projection bfloat16`` builds the measured tree with ``sampler.projection=bfloat16`` (the other trees
+stay float32). All cells run in this one process, rounds interleaved; times are
 medians of process CPU time (steadier than wall time on a shared machine; both are in the JSON).
 """
 
@@ -27,8 +28,7 @@ import argparse
 import json
 import platform
 import statistics
-import time
-from collections.abc import Callable
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -37,65 +37,8 @@ import torch
 from lmtrain.sampler.kernel import KernelTree, RandomFourierFeatures
 from lmtrain.sampler.kernel import walk as walk_module
 
-
-def clocked(fn: Callable[[], Any]) -> tuple[float, float]:
-    """(wall, CPU) seconds of one call."""
-    wall, cpu = time.perf_counter(), time.process_time()
-    fn()
-    return time.perf_counter() - wall, time.process_time() - cpu
-
-
-def bandwidth(mib: int = 512, repeats: int = 5) -> dict[str, float]:
-    """GB/s of a copy (bytes read + bytes written) and of a read (a sum) of ``mib`` MiB, best of ``repeats``."""
-    src = torch.empty(mib * 2**18).uniform_()
-    dst = torch.empty_like(src)
-    size = src.numel() * 4
-    copy = min(clocked(lambda: dst.copy_(src))[0] for _ in range(repeats))
-    read = min(clocked(src.sum)[0] for _ in range(repeats))
-    return {"copy_gbs": 2 * size / copy / 1e9, "read_gbs": size / read / 1e9, "mib": mib}
-
-
-def walk_bytes(tree: KernelTree, dim: int) -> int:
-    """Bytes one walk reads when it reads its own nodes: two children per level and its bucket's rows."""
-    node = tree.nodes.shape[1] * tree.nodes.element_size()
-    return tree.depth * 2 * node + tree.bucket_size * dim * tree.weight.element_size()
-
-
-class Before:
-    """The walk's settings before issue 12: every level dense below the old crossover, 16 MiB gather blocks."""
-
-    def __init__(self, tree: KernelTree) -> None:
-        self.tree = tree
-
-    def __enter__(self) -> None:
-        self.saved = walk_module.LEVEL_GATHER_GAIN, self.tree.gather_elements
-        walk_module.LEVEL_GATHER_GAIN, self.tree.gather_elements = 1, self.tree.chunk_elements
-
-    def __exit__(self, *exc: object) -> None:
-        walk_module.LEVEL_GATHER_GAIN, self.tree.gather_elements = self.saved
-
-
-def storage_trial(tree: KernelTree, query: torch.Tensor, k: int, repeats: int = 3) -> dict[str, float]:
-    """CPU seconds of one gathered level (every walker reads its node pair, one batched product per block of
-    queries, as ``TreeWalk._gathered_scores`` does) with the node sums stored in float32, and stored in bfloat16
-    and widened to float32 after the gather (float32 products): does halving the bytes read pay?"""
-    phi = tree.features(query)
-    pairs = tree.nodes[1:].view(-1, 2 * phi.shape[1])
-    narrow = pairs.bfloat16()
-    pos = torch.randint(0, pairs.shape[0], (query.shape[0] * k,))
-    step = max(1, tree.gather_elements // (2 * k * phi.shape[1]))
-
-    def level(table: torch.Tensor) -> None:
-        for lo in range(0, phi.shape[0], step):
-            hi = min(lo + step, phi.shape[0])
-            z = table.index_select(0, pos[lo * k : hi * k]).view(hi - lo, 2 * k, -1).float()
-            torch.bmm(phi[lo:hi].unsqueeze(1), z.transpose(1, 2))
-
-    found = {"float32_s": [], "bfloat16_s": []}
-    for _ in range(repeats):
-        found["float32_s"].append(clocked(lambda: level(pairs))[1])
-        found["bfloat16_s"].append(clocked(lambda: level(narrow))[1])
-    return {key: statistics.median(v) for key, v in found.items()}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from walk_probes import Before, bandwidth, clocked, storage_trial, walk_bytes  # noqa: E402  (this folder's module)
 
 
 def shape(n: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -103,9 +46,13 @@ def shape(n: int, args: argparse.Namespace) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(args.seed + n)
     weight = 0.1 * torch.randn(n, args.dim, generator=gen)
     tree = KernelTree(RandomFourierFeatures(D=args.D, seed=0, projection=args.projection))
-    recompute = KernelTree(RandomFourierFeatures(D=args.D, seed=0), refresh=0)  # the update before issue 12
+    baselines = {  # float32 trees without the feature cache: deltas of two feature vectors, and the update before
+        "uncached": KernelTree(RandomFourierFeatures(D=args.D, seed=0), feature_cache="off"),  # issue 12
+        "recompute": KernelTree(RandomFourierFeatures(D=args.D, seed=0), refresh=0, feature_cache="off"),
+    }
     build = clocked(lambda: tree.rebuild(weight))
-    recompute.rebuild(weight.clone())
+    for other in baselines.values():
+        other.rebuild(weight.clone())
     query = torch.randn(args.positions, args.dim, generator=gen)
     target = ((torch.rand(args.positions, generator=gen) * torch.log(torch.tensor(n + 1.0))).exp().long() - 1).clamp(
         0, n - 1
@@ -113,7 +60,7 @@ def shape(n: int, args: argparse.Namespace) -> dict[str, Any]:
     return {
         "n": n,
         "tree": tree,
-        "recompute": recompute,
+        "baselines": baselines,
         "weight": weight,
         "query": query,
         "target": target,
@@ -127,7 +74,7 @@ def changed_rows(ids: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 def round_cells(cell: dict[str, Any], args: argparse.Namespace) -> dict[str, tuple[float, float]]:
     """One round of every timing at one n."""
-    tree, recompute, weight, query = cell["tree"], cell["recompute"], cell["weight"], cell["query"]
+    tree, weight, query = cell["tree"], cell["weight"], cell["query"]
     out: dict[str, tuple[float, float]] = {}
     drawn: dict[str, torch.Tensor] = {}
     with Before(tree):
@@ -147,7 +94,8 @@ def round_cells(cell: dict[str, Any], args: argparse.Namespace) -> dict[str, tup
         step = 0.01 * torch.randn(rows.numel(), weight.shape[1])
         weight[rows] += step  # an SGD step on those rows, in place
         out[f"update_{mode}"] = clocked(lambda rows=rows: tree.update(weight, rows))
-        out[f"update_recompute_{mode}"] = clocked(lambda rows=rows: recompute.update(weight, rows))
+        for name, other in cell["baselines"].items():
+            out[f"update_{name}_{mode}"] = clocked(lambda rows=rows, other=other: other.update(weight, rows))
         out[f"rows_{mode}"] = (float(rows.numel()), float(rows.numel()))  # a count, reported apart from the times
     return out
 
@@ -259,7 +207,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(
                 f"  {mode}: {row['changed_rows'][mode]:.0f} changed rows; "
                 f"update {t[f'update_{mode}']['cpu_s'] * 1e3:.1f} ms"
-                f" (recompute buckets: {t[f'update_recompute_{mode}']['cpu_s'] * 1e3:.1f} ms) vs sampling "
+                f" (no cache: {t[f'update_uncached_{mode}']['cpu_s'] * 1e3:.1f} ms, recompute buckets: "
+                f"{t[f'update_recompute_{mode}']['cpu_s'] * 1e3:.1f} ms) vs sampling "
                 f"{sample * 1e3:.1f} ms: update / sample {row[f'update_over_sample_{mode}']:.2f}; the targets' log q "
                 f"{t[f'targets_{mode}']['cpu_s'] * 1e3:.1f} ms, update / (sample + targets) "
                 f"{row[f'update_over_proposal_{mode}']:.2f}",
