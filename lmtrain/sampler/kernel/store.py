@@ -122,10 +122,12 @@ class TreeStore(nn.Module):
             return
         heap = buckets + (self.num_buckets - 1)
         pairs = self.nodes[1:].view(-1, 2, self.nodes.shape[1])  # pairs[i]: both children of node i
+        step = max(1, self.chunk_elements // (3 * self.nodes.shape[1]))  # blocks bound the temporaries (no page faults)
         for _ in range(self.depth):
             heap = torch.unique(torch.div(heap - 1, 2, rounding_mode="floor"))
-            children = pairs.index_select(0, heap)  # (h, 2, F)
-            self.nodes.index_copy_(0, heap, children[:, 0] + children[:, 1])
+            for lo in range(0, heap.numel(), step):
+                children = pairs.index_select(0, heap[lo : lo + step])  # (h, 2, F)
+                self.nodes.index_copy_(0, heap[lo : lo + step], torch.add(children[:, 0], children[:, 1]))
 
     def timed_rebuild(self, weight: Tensor) -> float:
         """rebuild(weight) and return the seconds it took."""

@@ -32,7 +32,10 @@ class TreeWalk(TreeStore):
         scores, turns = [], []
         for level in range(self.depth):  # a loop over levels only; each step is batched over walkers
             width = 2 << level  # nodes on the children's level
-            if self._dense(width, n_query, 2 * k, self.dense_factor / LEVEL_GATHER_GAIN):  # a GEMM beats gathers
+            if n_query == 1:  # one query (a batch's mixture): walkers on the same node share its children's scores
+                distinct, inverse = torch.unique(pos, return_inverse=True)
+                s = self._pair_scores(phi[0], distinct)[inverse]  # (W, 2)
+            elif self._dense(width, n_query, 2 * k, self.dense_factor / LEVEL_GATHER_GAIN):  # a GEMM beats gathers
                 s = self._level_scores(phi, pos, qrow, width, k)
             else:
                 s = self._gathered_scores(phi, pairs, floor, pos, k)
@@ -102,15 +105,20 @@ class TreeWalk(TreeStore):
             return psi.new_zeros(bucket.shape)
         parents, right = self._path_parents(bucket)  # (K, depth) each
         distinct, inverse = torch.unique(parents, return_inverse=True)  # (u,), (K, depth)
+        s = self._pair_scores(psi, distinct)[inverse]  # (K, depth, 2)
+        chosen = s.gather(2, right.unsqueeze(2)).squeeze(2)  # (K, depth)
+        return (chosen.log() - s.sum(2).log()).sum(1)
+
+    def _pair_scores(self, psi: Tensor, heap: Tensor) -> Tensor:
+        """Clamped scores (u, 2) of both children of each of the distinct heap nodes ``heap`` (u,) for the single
+        query psi (F,), in blocks of about ``chunk_elements`` gathered node values."""
         pairs, floor = self.nodes[1:].view(-1, 2, psi.shape[0]), self.floor[1:].view(-1, 2)
 
         def block(lo: int, hi: int) -> Tensor:
-            where = distinct[lo:hi]
+            where = heap[lo:hi]
             return torch.maximum(pairs.index_select(0, where) @ psi, floor.index_select(0, where))  # (b, 2)
 
-        s = self._blocks(block, distinct.numel(), 2 * psi.shape[0])[inverse]  # (K, depth, 2)
-        chosen = s.gather(2, right.unsqueeze(2)).squeeze(2)  # (K, depth)
-        return (chosen.log() - s.sum(2).log()).sum(1)
+        return self._blocks(block, heap.numel(), 2 * psi.shape[0])
 
     def _log_reach(self, phi: Tensor) -> Tensor:
         """Log-probability (N, B) that each query's walk reaches each bucket: the branch probabilities of every
