@@ -81,11 +81,10 @@ class FeatureCache(nn.Module):
         """Cache phi(weight[rows]) for ``rows`` (c,) and return phi(new) - phi(old) (k, F) in the weights' dtype for
         ``rows[keep]``, where phi(old) is what the cache held: exactly what the tree's sums hold for those rows."""
         new = features(weight.index_select(0, rows)).to(self.table.dtype)  # (c, F), rounded as the cache stores it
-        every = bool(keep.all())
-        kept_new, kept_rows = (new, rows) if every else (new[keep], rows[keep])
-        delta = torch.sub(kept_new.to(weight.dtype), self.table.index_select(0, kept_rows).to(weight.dtype))
+        kept_new, kept_rows = (new, rows) if bool(keep.all()) else (new[keep], rows[keep])
+        old = self.table.index_select(0, kept_rows)  # (k, F) before the table takes the new rows
         self.table.index_copy_(0, rows, new)
-        return delta
+        return kept_new.to(weight.dtype).sub_(old)  # in the weights' dtype (may reuse `new`'s storage: cached now)
 
     def scores(self, psi: Tensor, ids: Tensor) -> Tensor:
         """<psi, cached phi(w_j)> for psi (F,) and class ids (...) -> (...)."""
