@@ -118,8 +118,8 @@ class QuadraticFeatures(FeatureMap):
     def delta_sums(self, new: Tensor, old: Tensor, valid: Tensor) -> Tensor:
         # S(new) - S(old) = [new; old]^T [new; -old]: one (d, d) product per bucket; the counts do not change
         mask = valid.unsqueeze(-1).to(new.dtype)
-        both = torch.cat([new * mask, old * mask], 1)  # (c, 2L, d)
-        second = both.transpose(1, 2) @ torch.cat([new * mask, old * -mask], 1)  # (c, d, d)
+        new, old = new * mask, old * mask
+        second = torch.cat([new, old], 1).transpose(1, 2) @ torch.cat([new, -old], 1)  # (c, d, d) over 2L rows
         return torch.cat([self._vectorize(second), second.new_zeros(second.shape[0], 1)], dim=1)
 
     def _vectorize(self, second: Tensor) -> Tensor:

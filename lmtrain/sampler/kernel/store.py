@@ -200,9 +200,13 @@ class TreeStore(nn.Module):
             self.nodes.index_add_(0, buckets[group] + (self.num_buckets - 1), sums)
             lo = hi
 
+    def _member_ids(self, buckets: Tensor) -> Tensor:
+        """Class ids (..., L) of the slots of ``buckets`` (...); ids >= n are the padding of the last buckets."""
+        return buckets.unsqueeze(-1) * self.bucket_size + torch.arange(self.bucket_size, device=buckets.device)
+
     def _members(self, buckets: Tensor) -> tuple[Tensor, Tensor]:
         """Rows (..., L, d) of the classes in ``buckets`` (...) and their validity mask (..., L)."""
-        ids = buckets.unsqueeze(-1) * self.bucket_size + torch.arange(self.bucket_size, device=buckets.device)
+        ids = self._member_ids(buckets)
         rows = self.weight.index_select(0, ids.clamp(max=self.num_classes - 1).view(-1))
         return rows.view(*ids.shape, -1), ids < self.num_classes
 

@@ -87,7 +87,7 @@ class KernelTree(TreeWalk):
         """log K(h, w_j) for the members of each walker's bucket (W,) -> (W, L) (-inf on padding),
         and the member ids (W, L); walker w belongs to query w // k."""
         size, n_query = self.bucket_size, query.shape[0]
-        ids = bucket.unsqueeze(1) * size + torch.arange(size, device=bucket.device)  # (W, L)
+        ids = self._member_ids(bucket)  # (W, L)
         prepared = self.features.prepare(query)
         if self._dense(self.num_buckets, n_query, k):  # all dot products in one GEMM, then pick
             dots = prepared @ self.features.prepare(self.weight).T  # (N, n)
@@ -146,7 +146,6 @@ class KernelTree(TreeWalk):
         member ids (W, L). A step asks twice for one psi (its draws, then its targets' log q-bar), mostly for the
         same buckets: each bucket is scored once per psi and tree version (``_scored``, B x L values), with phi(w_j)
         read from the feature cache when there is one, in memory-bounded chunks."""
-        slots = torch.arange(self.bucket_size, device=bucket.device)
         if self._scored is None or self._scored[0] is not psi or self._scored[1] != self.version:
             done = torch.zeros(self.num_buckets, dtype=torch.bool, device=psi.device)
             self._scored = (psi, self.version, psi.new_empty(self.num_buckets, self.bucket_size), done)
@@ -157,7 +156,7 @@ class KernelTree(TreeWalk):
 
         def block(lo: int, hi: int) -> Tensor:
             if cached:  # the cache's padding rows are zero: their scores clamp to eps and are masked below
-                members = todo[lo:hi].unsqueeze(1) * self.bucket_size + slots  # (b, L)
+                members = self._member_ids(todo[lo:hi])  # (b, L)
                 valid = members < self.num_classes
                 scores = self.cache.scores(psi, members).clamp_min(self.eps)  # (b, L)
             else:
@@ -170,4 +169,4 @@ class KernelTree(TreeWalk):
             per_bucket = self.bucket_size * dim if cached else self.features.sum_elements(self.bucket_size, dim)
             table[todo] = self._blocks(block, todo.numel(), per_bucket)
             done[todo] = True
-        return table[bucket], bucket.unsqueeze(1) * self.bucket_size + slots  # (W, L) each
+        return table[bucket], self._member_ids(bucket)  # (W, L) each
