@@ -1,0 +1,78 @@
+"""`python -m lmtrain.study`: run, render, list and check the declared studies.
+
+    python -m lmtrain.study NAME [--jobs 2] [--limit N] [--cells GLOB]   run NAME's runs that have no record yet,
+                                                          then render
+    python -m lmtrain.study NAME --render                 write docs/study/NAME/table.md and plot.png from records
+    python -m lmtrain.study NAME --dry-run                print the commands of the pending runs
+    python -m lmtrain.study list                          every study: cells, seeds per cell, runs recorded
+    python -m lmtrain.study --check                       exit 1 if a committed table differs from its rendering
+
+NAME is a study of the package (lmtrain/studies/NAME.yaml) or the path of a user's own study YAML file.
+Records go to ROOT/NAME/records.jsonl (``--root``, default docs/study), run folders to runs/study/NAME.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from lmtrain.study.records import read_records
+from lmtrain.study.render import check, render
+from lmtrain.study.runner import command, pending_runs, records_path, run_folder, run_study
+from lmtrain.study.spec import StudyError, find_spec, load_spec, package_studies
+
+
+def _list(root: Path) -> int:
+    for name, path in sorted(package_studies().items()):
+        spec = load_spec(path)
+        done = len(read_records(records_path(spec, root)))
+        total = len(spec.runs())
+        print(f"{name:<22} {len(spec.cells):>3} cells x {len(spec.seeds)} seeds  {done:>4}/{total:<4} recorded  ")
+        print(f"{'':<22} {spec.description}")
+    return 0
+
+
+def _check(root: Path) -> int:
+    problems = [p for p in (check(load_spec(path), root) for path in package_studies().values()) if p]
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    if not problems:
+        print(f"every rendered table under {root} matches its records")
+    return 1 if problems else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lmtrain.study", description=__doc__.splitlines()[0])
+    parser.add_argument("name", nargs="?", help="a study name, `list`, or the path of a study YAML file")
+    parser.add_argument("--render", action="store_true", help="only write table.md and plot.png from the records")
+    parser.add_argument("--check", action="store_true", help="check every committed table against its records")
+    parser.add_argument("--dry-run", action="store_true", help="print the pending runs' commands, run nothing")
+    parser.add_argument("--jobs", type=int, default=1, help="runs trained at once (threads=auto shares the cores)")
+    parser.add_argument("--limit", type=int, default=None, help="run at most this many pending runs")
+    parser.add_argument("--cells", default=None, help="only the cells whose label matches this glob ('output=rff*')")
+    parser.add_argument("--root", type=Path, default=Path("docs/study"), help="where records and tables go")
+    parser.add_argument("--runs", type=Path, default=Path("runs/study"), help="where the run folders go")
+    args = parser.parse_args(argv)
+    if args.check:
+        return _check(args.root)
+    if args.name in (None, "list"):
+        return _list(args.root)
+    try:
+        spec = find_spec(args.name)
+    except StudyError as err:
+        print(f"lmtrain.study: {err}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        for run in pending_runs(spec, args.root, args.cells)[: args.limit]:
+            print(" ".join(command(spec, run, run_folder(spec, run, args.runs))[1:]))
+        return 0
+    if not args.render:
+        run_study(spec, args.root, args.runs, jobs=args.jobs, limit=args.limit, cells=args.cells)
+    for path in render(spec, args.root):
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

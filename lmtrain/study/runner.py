@@ -1,0 +1,124 @@
+"""Running a study: every run of its grid that has no record yet, one `python -m lmtrain` process each.
+
+One process per run (rather than one Hydra multirun for the grid) is what lets a study resume: a run whose record
+exists is skipped, a run cut off mid-way resumes from its own ``last.ckpt``, and runs go in parallel (``jobs``)
+with ``threads=auto`` giving each its share of the cores.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from lmtrain.study.records import append_record, build_record, code_version, read_records
+from lmtrain.study.spec import Run, StudySpec
+from lmtrain.training.threads import JOBS_ENV, resolve_threads
+
+
+def records_path(spec: StudySpec, root: Path) -> Path:
+    return root / spec.name / "records.jsonl"
+
+
+def pending_runs(spec: StudySpec, root: Path, cells: str | None = None) -> list[Run]:
+    """The runs of the grid that have no record yet, in grid order (only cells whose label matches the glob
+    pattern ``cells``, when given)."""
+    done = {record["key"] for record in read_records(records_path(spec, root))}
+    chosen = [run for run in spec.runs() if run.key not in done]
+    return [run for run in chosen if cells is None or fnmatch.fnmatchcase(run.cell.label, cells)]
+
+
+def run_folder(spec: StudySpec, run: Run, runs_root: Path) -> Path:
+    """Where a run trains: one folder per run, named after its cell and seed."""
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", run.cell.label.replace(",", "__").replace("=", "-"))
+    return runs_root / spec.name / f"{slug}__seed-{run.seed}"  # no '=': Hydra's override grammar forbids it
+
+
+def command(spec: StudySpec, run: Run, folder: Path) -> list[str]:
+    """The training command of a run: the study's overrides, the cell's, the seed, CSV logging, its own folder."""
+    resume = ["ckpt_path=last"] if (folder / "checkpoints" / "last.ckpt").is_file() else []
+    return [
+        sys.executable,
+        "-m",
+        "lmtrain",
+        *spec.overrides,
+        *run.cell.overrides(),
+        f"seed={run.seed}",
+        "logger=csv",
+        "progress_bar=false",
+        f"hydra.run.dir={folder}",
+        *resume,
+    ]
+
+
+def _last_error(log: Path) -> str:
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()] if log.is_file() else []
+    return lines[-1][-500:] if lines else "the run failed without output"
+
+
+def execute(spec: StudySpec, run: Run, root: Path, runs_root: Path, jobs: int) -> str:
+    """Train one run and append its record; returns a one-line summary. A run killed by a signal (the session
+    ended) leaves no record, so the next call runs it again from its last checkpoint."""
+    folder = run_folder(spec, run, runs_root)
+    if folder.exists() and not (folder / "checkpoints" / "last.ckpt").is_file():
+        folder.rename(folder.with_name(f"{folder.name}.stale-{int(time.time())}"))  # died before a checkpoint
+    env = {**os.environ, JOBS_ENV: str(jobs)}
+    started = time.perf_counter()
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    log = folder.parent / f"{folder.name}.log"
+    with open(log, "w") as out:
+        result = subprocess.run(command(spec, run, folder), stdout=out, stderr=subprocess.STDOUT, env=env)
+    if result.returncode < 0:
+        return f"{run.key}: stopped by signal {-result.returncode}, no record"
+    error = None if result.returncode == 0 else _last_error(log)
+    if error and not (_trained(folder) and error.startswith("lmtrain: error:")):
+        # bad input, a setup failure or a crash (a traceback), not a result such as a diverged loss: no record
+        return f"{run.key}: no record ({error}); see {log}"
+    threads = _threads(folder, jobs)
+    record = build_record(spec.name, run, folder, threads, time.perf_counter() - started, error, code_version())
+    append_record(records_path(spec, root), record)
+    test = (record.get("test") or {}).get("ppl")
+    shown = f"test ppl {test:.2f}" if test is not None else f"failed: {error}"
+    return f"{run.key}: {shown} ({record['wall_seconds']:.0f} s)"
+
+
+def _trained(folder: Path) -> bool:
+    """Whether the run got as far as training (a metrics.csv with rows), so that its failure is a result."""
+    metrics = folder / "metrics.csv"
+    return metrics.is_file() and len(metrics.read_text().splitlines()) > 1
+
+
+def _threads(folder: Path, jobs: int) -> int:
+    """The compute threads the run used: its ``threads`` setting, ``auto`` resolved as the run resolved it."""
+    import yaml
+
+    config_file = folder / "config.yaml"
+    setting = yaml.safe_load(config_file.read_text()).get("threads", "auto") if config_file.is_file() else "auto"
+    previous = os.environ.get(JOBS_ENV)
+    os.environ[JOBS_ENV] = str(jobs)
+    try:
+        return resolve_threads(setting)
+    finally:
+        if previous is None:
+            del os.environ[JOBS_ENV]
+        else:
+            os.environ[JOBS_ENV] = previous
+
+
+def run_study(
+    spec: StudySpec, root: Path, runs_root: Path, jobs: int = 1, limit: int | None = None, cells: str | None = None
+) -> int:
+    """Run the study's pending runs (those of the cells matching ``cells``), ``jobs`` at a time, at most ``limit``
+    of them; returns how many ran."""
+    pending = pending_runs(spec, root, cells)[:limit]
+    total = len(spec.runs())
+    print(f"study {spec.name}: {total - len(pending_runs(spec, root))} of {total} runs recorded, {len(pending)} to run")
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        for line in pool.map(lambda run: execute(spec, run, root, runs_root, jobs), pending):
+            print(line, flush=True)
+    return len(pending)

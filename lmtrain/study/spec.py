@@ -1,0 +1,164 @@
+"""A study's declaration: the runs of its grid (cells x seeds), the metric it reports, how it is compared and drawn.
+
+A study is a YAML file (the package's own in ``lmtrain/studies/``, or any file a user passes by path)::
+
+    description: every strategy at m = 100, 1,000 PTB steps
+    overrides: [experiment=ptb_study]      # given to every run
+    grid:                                  # blocks; each block is the cartesian product of its lists
+      - output: [full, unigram, rff]
+      - output: [rff]
+        sampler.unigram_share: [0]
+    seeds: [1, 2, 3]                       # every cell runs once per seed
+    metric: test/ppl                       # test/ppl | val/ppl (the best validation)
+    reference: output=full                 # the cell every other is compared with (optional)
+    x: output.num_samples                  # optional: drawn on the x axis (lines), else one bar per cell
+
+A cell is one combination of a block's values; its label is its overrides joined by commas (``output=rff,
+sampler.unigram_share=0``), and a run is a cell with ``seed=S``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+METRICS = ("test/ppl", "val/ppl")
+
+
+class StudyError(ValueError):
+    """A study that cannot be found or whose declaration is malformed (the message names the file and key)."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One combination of the grid's values: ``(("output", "rff"), ("output.num_samples", "100"))``."""
+
+    values: tuple[tuple[str, str], ...]
+
+    @property
+    def label(self) -> str:
+        return ",".join(f"{key.lstrip('+')}={value}" for key, value in self.values)
+
+    def overrides(self) -> list[str]:
+        return [f"{key}={value}" for key, value in self.values]
+
+    def get(self, key: str) -> str | None:
+        return next((v for k, v in self.values if k.lstrip("+") == key), None)
+
+
+@dataclass(frozen=True)
+class Run:
+    """A cell with a seed: what one training process trains."""
+
+    cell: Cell
+    seed: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.cell.label},seed={self.seed}"
+
+
+@dataclass
+class StudySpec:
+    """A parsed study declaration (see the module docstring for the YAML)."""
+
+    name: str
+    description: str
+    overrides: list[str]
+    cells: list[Cell]
+    seeds: list[int]
+    metric: str = "test/ppl"
+    reference: str | None = None
+    x: str | None = None
+    source: Path | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def runs(self) -> list[Run]:
+        return [Run(cell, seed) for cell in self.cells for seed in self.seeds]
+
+
+def _value(value: Any) -> str:
+    """A YAML value as Hydra's override syntax writes it (booleans lower case, null as null)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def parse_spec(name: str, data: dict[str, Any], source: Path | None = None) -> StudySpec:
+    """Check and parse one declaration; errors name the file and the key."""
+    where = f"study {name}" + (f" ({source})" if source else "")
+    known = {"description", "overrides", "grid", "seeds", "metric", "reference", "x", "notes"}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise StudyError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")
+    if not isinstance(data.get("grid"), list) or not data["grid"]:
+        raise StudyError(f"{where}: 'grid' must be a list of blocks, each a mapping of key -> list of values")
+    cells: list[Cell] = []
+    for block in data["grid"]:
+        if not isinstance(block, dict) or not all(isinstance(v, list) and v for v in block.values()):
+            raise StudyError(f"{where}: each grid block maps override keys to non-empty lists, got {block!r}")
+        keys = list(block)
+        for combo in itertools.product(*(block[k] for k in keys)):
+            cell = Cell(tuple((k, _value(v)) for k, v in zip(keys, combo, strict=True)))
+            if cell not in cells:
+                cells.append(cell)
+    seeds = data.get("seeds", [1, 2, 3])
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds):
+        raise StudyError(f"{where}: 'seeds' must be a list of integers")
+    metric = data.get("metric", "test/ppl")
+    if metric not in METRICS:
+        raise StudyError(f"{where}: metric must be one of {', '.join(METRICS)}, got {metric!r}")
+    reference = data.get("reference")
+    if reference is not None and reference not in {c.label for c in cells}:
+        raise StudyError(f"{where}: reference {reference!r} is not a cell of the grid")
+    return StudySpec(
+        name=name,
+        description=str(data.get("description", "")),
+        overrides=[str(o) for o in data.get("overrides", [])],
+        cells=cells,
+        seeds=seeds,
+        metric=metric,
+        reference=reference,
+        x=data.get("x"),
+        source=source,
+        notes=[str(n) for n in data.get("notes", [])],
+    )
+
+
+def load_spec(path: Path) -> StudySpec:
+    """A study from its YAML file; the file name (without .yaml) is its name."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise StudyError(f"cannot read study {path}: {err}") from err
+    if not isinstance(data, dict):
+        raise StudyError(f"study {path} must be a YAML mapping")
+    return parse_spec(path.stem, data, path)
+
+
+def package_studies() -> dict[str, Path]:
+    """The studies that ship with lmtrain, by name."""
+    folder = resources.files("lmtrain") / "studies"
+    return {Path(p.name).stem: Path(str(p)) for p in folder.iterdir() if p.name.endswith(".yaml")}
+
+
+def find_spec(name_or_path: str) -> StudySpec:
+    """A package study by name, or a user's study by the path of its YAML file."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml"):
+        if not path.is_file():
+            raise StudyError(f"study file {path} does not exist")
+        return load_spec(path)
+    known = package_studies()
+    if name_or_path not in known:
+        raise StudyError(
+            f"unknown study {name_or_path!r}: one of {', '.join(sorted(known))}, or the path of a study YAML file"
+        )
+    return load_spec(known[name_or_path])
