@@ -239,3 +239,13 @@ def test_repeated_per_example_ids_score_as_one_dense_product():
     torch.testing.assert_close(dense, plain)
     expected = torch.autograd.grad((plain * upstream).sum(), output.weight)[0]
     torch.testing.assert_close(output.weight.grad.to_dense(), expected)
+
+
+def test_softmax_proposal_follows_the_weight_when_the_layer_moves():
+    """model.to("cuda") replaces each parameter's tensor; a proposal that kept the old one (output=exp) scored the
+    GPU queries against the CPU weight and crashed at the first step. A dtype move replaces the tensor the same
+    way, so this catches it without a GPU."""
+    layer = make_layer(SoftmaxSampler(N_CLASSES), num_samples=5).double()
+    hidden, target = batch()
+    loss = layer.loss(hidden.double(), target)  # raised "expected ... Double but found Float" before the fix
+    assert loss.dtype == torch.float64 and torch.isfinite(loss)

@@ -42,6 +42,10 @@ class Sampler(nn.Module):
     def update(self, weight: Tensor, rows: Tensor | None = None) -> None:
         """Refresh after class embeddings changed; ``rows`` = changed rows, None = all. Default no-op."""
 
+    def follow(self, weight: Tensor) -> None:
+        """The output layer's weight moved (another device or dtype: ``module.to``): samplers that keep a reference
+        to it take the moved tensor. Default no-op (trees move their own buffers as submodules)."""
+
     def use_scores(self, score: Callable[[Tensor, Tensor], Tensor]) -> None:
         """Receive the output layer's logit function, query (N, d') and rows (k, d') -> (N, k). Samplers whose
         proposal is the model's own softmax keep it; the others ignore it (the default)."""

@@ -33,6 +33,9 @@ class SoftmaxSampler(Sampler):
     def update(self, weight: Tensor, rows: Tensor | None = None) -> None:
         self._weight = weight  # a (detached) view of the live parameter: always current
 
+    def follow(self, weight: Tensor) -> None:
+        self._weight = weight  # after model.to("cuda") the old reference would still point at the CPU copy
+
     def _log_softmax(self, hidden: Tensor | None) -> Tensor:
         if hidden is None or self._weight is None:
             raise ValueError("SoftmaxSampler needs the query vectors and the weights (call update(weight) first)")

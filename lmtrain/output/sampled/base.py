@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
 
 import torch
@@ -71,6 +72,11 @@ class SampledOutput(OutputLayer):
         self.sampler.update(self.weight.detach())
         # derived sampler state (trees) is never stored: rebuild it from the loaded weights
         self.register_load_state_dict_post_hook(lambda module, _: module.sampler.update(module.weight.detach()))
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> SampledOutput:
+        out = super()._apply(fn, recurse)  # moves the weight, and the sampler's own buffers (a submodule)
+        self.sampler.follow(self.weight.detach())  # a proposal holding the weight follows it to the new device
+        return out
 
     def check_options(self, num_classes: int, sampler: Sampler) -> None:
         """Checks of the options that need the vocabulary size or the sampler; default none."""
