@@ -5,6 +5,7 @@
     python -m lmtrain.study NAME --render                 write docs/study/NAME/table.md and plot.png from records
     python -m lmtrain.study NAME --dry-run                print the commands of the pending runs
     python -m lmtrain.study list                          every study: cells, seeds per cell, runs recorded
+    python -m lmtrain.study --docs                        refresh the tables quoted in docs/results.md
     python -m lmtrain.study --check                       exit 1 if a committed table differs from its rendering
 
 NAME is a study of the package (lmtrain/studies/NAME.yaml) or the path of a user's own study YAML file.
@@ -17,6 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from lmtrain.study.docs import fill_page, stale_page
 from lmtrain.study.records import read_records
 from lmtrain.study.render import check, render
 from lmtrain.study.runner import command, pending_runs, records_path, run_folder, run_study
@@ -33,8 +35,9 @@ def _list(root: Path) -> int:
     return 0
 
 
-def _check(root: Path) -> int:
+def _check(root: Path, pages: list[Path]) -> int:
     problems = [p for p in (check(load_spec(path), root) for path in package_studies().values()) if p]
+    problems += [p for p in (stale_page(page, root) for page in pages) if p]
     for problem in problems:
         print(problem, file=sys.stderr)
     if not problems:
@@ -47,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("name", nargs="?", help="a study name, `list`, or the path of a study YAML file")
     parser.add_argument("--render", action="store_true", help="only write table.md and plot.png from the records")
     parser.add_argument("--check", action="store_true", help="check every committed table against its records")
+    parser.add_argument("--docs", action="store_true", help="refresh the study tables quoted in the --pages")
+    parser.add_argument("--pages", type=Path, nargs="*", default=[Path("docs/results.md")], help="pages quoting tables")
     parser.add_argument("--dry-run", action="store_true", help="print the pending runs' commands, run nothing")
     parser.add_argument("--jobs", type=int, default=1, help="runs trained at once (threads=auto shares the cores)")
     parser.add_argument("--limit", type=int, default=None, help="run at most this many pending runs")
@@ -55,7 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=Path, default=Path("runs/study"), help="where the run folders go")
     args = parser.parse_args(argv)
     if args.check:
-        return _check(args.root)
+        return _check(args.root, args.pages)
+    if args.docs:
+        for page in args.pages:
+            print(f"{'updated' if fill_page(page, args.root) else 'unchanged'}: {page}")
+        return 0
     if args.name in (None, "list"):
         return _list(args.root)
     try:

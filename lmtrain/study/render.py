@@ -116,7 +116,15 @@ def render_plot(spec: StudySpec, records: list[dict[str, Any]], path: Path) -> P
             xs, ss = [p[0] for p in points], [p[1] for p in points]
             sds = [0.0 if math.isnan(s.sd) else s.sd for s in ss]
             ax.errorbar(xs, [s.mean for s in ss], yerr=sds, marker="o", capsize=3, label=label)
+        for i, cell in enumerate(c for c in spec.cells if c.get(spec.x) is None and stats[c.label].n):
+            ref = stats[cell.label]  # a cell without the x key (the full softmax): a level with its seed band
+            line = ax.axhline(ref.mean, ls="--", color=str(0.2 + 0.2 * i), label=f"{cell.label} (no {spec.x})")
+            if ref.n >= 2:
+                ax.axhspan(ref.mean - ref.sd, ref.mean + ref.sd, color=line.get_color(), alpha=0.15)
+        sizes = sorted({float(c.get(spec.x) or 0) for c in spec.cells if c.get(spec.x) is not None})
         ax.set(xscale="log", xlabel=spec.x)
+        ax.set_xticks(sizes, [f"{x:g}" for x in sizes])
+        ax.xaxis.set_minor_locator(plt.NullLocator())
     else:
         shown = [stats[c.label] for c in spec.cells if stats[c.label].n]
         positions = range(len(shown))

@@ -1,0 +1,38 @@
+"""Study tables inside a markdown page: a block ``<!-- study:NAME -->`` ... ``<!-- /study:NAME -->`` holds the
+rendered ``table.md`` of study NAME, so that the prose of docs/results.md quotes rendered tables, never copies."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+BLOCK = re.compile(r"(<!-- study:(?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /study:(?P=name) -->)", re.DOTALL)
+
+
+def filled(text: str, root: Path) -> str:
+    """``text`` with every study block replaced by that study's rendered table (left as is when it has none)."""
+
+    def table(match: re.Match[str]) -> str:
+        path = root / match["name"] / "table.md"
+        if not path.is_file():
+            return match.group(0)
+        body = path.read_text().split("\n", 1)[1]  # without the "rendered by ... do not edit" comment
+        return f"{match.group(1)}{body}{match.group(4)}"
+
+    return BLOCK.sub(table, text)
+
+
+def fill_page(page: Path, root: Path) -> bool:
+    """Rewrite the study blocks of ``page``; True when something changed."""
+    text = page.read_text()
+    new = filled(text, root)
+    if new != text:
+        page.write_text(new)
+    return new != text
+
+
+def stale_page(page: Path, root: Path) -> str | None:
+    """None when every study block of ``page`` holds its current table, else what to run."""
+    if page.is_file() and filled(page.read_text(), root) != page.read_text():
+        return f"{page} quotes study tables that differ from their rendering: run python -m lmtrain.study --docs"
+    return None

@@ -1,0 +1,156 @@
+"""Studies as code: declarations, the comparison rule, rendering from records alone, resuming, the docs blocks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lmtrain.study.__main__ import main as study_main
+from lmtrain.study.docs import fill_page, stale_page
+from lmtrain.study.records import append_record, read_records
+from lmtrain.study.render import check, render, render_table
+from lmtrain.study.runner import pending_runs, run_study
+from lmtrain.study.spec import StudyError, find_spec, load_spec, package_studies, parse_spec
+from lmtrain.study.stats import CellStats, verdict
+
+SPEC = {
+    "description": "two strategies",
+    "overrides": ["data=synthetic"],
+    "grid": [{"output": ["full", "unigram"]}, {"output": ["unigram"], "output.num_samples": [10, 30]}],
+    "seeds": [1, 2, 3],
+    "reference": "output=full",
+}
+
+
+def fake_record(spec_name: str, key: str, test_ppl: float | None, status: str = "ok") -> dict:
+    cell = dict(part.split("=", 1) for part in key.split(",")[:-1])
+    return {
+        "study": spec_name,
+        "key": key,
+        "cell": cell,
+        "seed": int(key.rsplit("=", 1)[1]),
+        "status": status,
+        "test": None if test_ppl is None else {"ppl": test_ppl, "loss": 0.0},
+        "best_val_ppl": None if test_ppl is None else test_ppl + 1,
+        "device": "cpu",
+        "threads": 1,
+        "commit": "abc1234def",
+        "dirty": False,
+    }
+
+
+def test_grid_blocks_are_cartesian_products_joined_without_duplicates():
+    spec = parse_spec("s", SPEC)
+    assert [c.label for c in spec.cells] == [
+        "output=full",
+        "output=unigram",
+        "output=unigram,output.num_samples=10",
+        "output=unigram,output.num_samples=30",
+    ]
+    assert len(spec.runs()) == 12 and spec.runs()[1].key == "output=full,seed=2"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"grdi": []}, "unknown key 'grdi'"),
+        ({"metric": "val/loss"}, "metric must be one of"),
+        ({"reference": "output=hsm"}, "not a cell of the grid"),
+        ({"grid": [{"output": []}]}, "non-empty lists"),
+        ({"seeds": ["a"]}, "list of integers"),
+    ],
+)
+def test_a_malformed_declaration_names_the_study_and_the_key(change, message):
+    with pytest.raises(StudyError, match=message):
+        parse_spec("mine", {**SPEC, **change})
+
+
+def test_every_package_study_parses_and_an_unknown_one_is_a_clear_error():
+    assert {"ptb_m100", "m_grid", "negatives", "bias_init"} <= set(package_studies())
+    for path in package_studies().values():
+        assert load_spec(path).runs()
+    with pytest.raises(StudyError, match="unknown study 'nope'"):
+        find_spec("nope")
+
+
+def test_beats_only_beyond_twice_the_pooled_sd():
+    a = CellStats("a", (100.0, 102.0, 104.0))  # sd 2
+    assert verdict(a, CellStats("b", (103.0, 105.0, 107.0))) == "tied"  # 3 apart < 2 * 2
+    assert verdict(a, CellStats("b", (106.0, 108.0, 110.0))) == "beats"  # 6 apart > 4
+    assert verdict(CellStats("b", (106.0, 108.0, 110.0)), a) == "behind"
+    assert verdict(CellStats("one", (90.0,)), a) == ""  # one seed: no spread, no verdict
+
+
+def test_table_is_mean_and_sd_over_seeds_with_failed_runs_counted_apart(tmp_path):
+    spec = parse_spec("s", SPEC)
+    records = [fake_record("s", f"output=full,seed={s}", v) for s, v in zip((1, 2, 3), (100, 102, 104), strict=True)]
+    records += [fake_record("s", f"output=unigram,seed={s}", v) for s, v in ((1, 120.0), (2, 122.0))]
+    records += [fake_record("s", "output=unigram,seed=3", None, status="failed")]
+    records += [fake_record("s", "output=full,seed=9", 1.0)]  # a seed the study does not declare: left out
+    table = render_table(spec, records)
+    assert "| full |  | 3 | 102.0 ± 2.0 | 103.0 ± 2.0 | reference |" in table
+    assert "| unigram |  | 2 (1 failed) | 121.0 ± 1.4 |" in table and "+18.6% behind" in table
+    assert "| unigram | 10 | 0 | — | — | — |" in table
+
+
+def test_render_and_check_use_the_records_alone(tmp_path):
+    spec = parse_spec("s", SPEC)
+    for s, v in ((1, 100.0), (2, 101.0)):
+        append_record(tmp_path / "s" / "records.jsonl", fake_record("s", f"output=full,seed={s}", v))
+    table, plot = render(spec, tmp_path)
+    assert plot.stat().st_size > 0 and check(spec, tmp_path) is None
+    table.write_text(table.read_text().replace("100.5", "99.0"))  # a hand-edited number
+    assert "differs from its rendering" in check(spec, tmp_path)
+
+
+def test_a_truncated_last_record_is_ignored_and_its_run_stays_pending(tmp_path):
+    spec = parse_spec("s", SPEC)
+    path = tmp_path / "s" / "records.jsonl"
+    append_record(path, fake_record("s", "output=full,seed=1", 100.0))
+    with open(path, "a") as f:
+        f.write('{"key": "output=full,seed=2", "te')  # killed while writing
+    assert [r["key"] for r in read_records(path)] == ["output=full,seed=1"]
+    assert [r.key for r in pending_runs(spec, tmp_path, cells="output=full")] == [
+        "output=full,seed=2",
+        "output=full,seed=3",
+    ]
+
+
+def test_docs_blocks_quote_the_rendered_table_and_go_stale_when_it_changes(tmp_path):
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "table.md").write_text("<!-- rendered -->\n| a | 1 |\n")
+    page = tmp_path / "results.md"
+    page.write_text("intro\n<!-- study:s -->\nold\n<!-- /study:s -->\nmore\n")
+    assert stale_page(page, tmp_path) is not None
+    assert fill_page(page, tmp_path)
+    assert page.read_text() == "intro\n<!-- study:s -->\n| a | 1 |\n<!-- /study:s -->\nmore\n"
+    assert stale_page(page, tmp_path) is None
+
+
+def test_a_user_study_runs_records_every_validation_and_resumes(tmp_path, monkeypatch):
+    """End to end through `python -m lmtrain`: one run of a user's YAML; a second call finds nothing to do."""
+    monkeypatch.chdir(tmp_path)
+    study = tmp_path / "mine.yaml"
+    study.write_text(
+        "description: tiny\n"
+        "overrides: [data=synthetic, data.train_tokens=20000, trainer.max_steps=4, trainer.val_check_interval=2,"
+        " trainer.limit_val_batches=2, trainer.limit_test_batches=2]\n"
+        "grid:\n  - output: [full]\nseeds: [7]\n"
+    )
+    assert study_main([str(study), "--root", "docs"]) == 0
+    (record,) = read_records(tmp_path / "docs" / "mine" / "records.jsonl")
+    assert record["status"] == "ok" and record["seed"] == 7 and record["config"]["seed"] == 7
+    assert [v["step"] for v in record["validations"]] == [1, 3]
+    assert record["test"]["ppl"] > 1 and record["tokens_per_sec"] > 0 and record["threads"] >= 1
+    assert json.loads(json.dumps(record))["config"]["output"]["_target_"].endswith("FullSoftmax")
+    assert run_study(load_spec(study), Path("docs"), Path("runs/study")) == 0  # resumed: nothing left to run
+    assert (tmp_path / "docs" / "mine" / "table.md").is_file()
+
+
+def test_committed_tables_and_results_page_match_their_records():
+    """What docs/ publishes is what the committed records render to (python -m lmtrain.study --check)."""
+    root = Path(__file__).resolve().parents[1]
+    pages = [str(root / "docs" / "results.md")]
+    assert study_main(["--check", "--root", str(root / "docs" / "study"), "--pages", *pages]) == 0
