@@ -5,6 +5,7 @@
     python -m lmtrain.study NAME --render                 write docs/study/NAME/table.md and plot.png from records
     python -m lmtrain.study NAME --dry-run                print the commands of the pending runs
     python -m lmtrain.study list                          every study: cells, seeds per cell, runs recorded
+    python -m lmtrain.study --bench docs/bench/X.json     render a bench_train record as docs/bench/X.md
     python -m lmtrain.study --docs                        refresh the tables quoted in docs/results.md
     python -m lmtrain.study --check                       exit 1 if a committed table differs from its rendering
 
@@ -18,6 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from lmtrain.study.bench import render_bench, write_bench
 from lmtrain.study.docs import fill_page, stale_page
 from lmtrain.study.records import read_records
 from lmtrain.study.render import check, render
@@ -38,6 +40,10 @@ def _list(root: Path) -> int:
 def _check(root: Path, pages: list[Path]) -> int:
     problems = [p for p in (check(load_spec(path), root) for path in package_studies().values()) if p]
     problems += [p for p in (stale_page(page, root) for page in pages) if p]
+    for table in sorted((root.parent / "bench").glob("*.md")):  # rendered benchmark tables
+        record = table.with_suffix(".json")
+        if record.is_file() and table.read_text() != render_bench(record):
+            problems.append(f"{table} differs from its record: run python -m lmtrain.study --bench {record}")
     for problem in problems:
         print(problem, file=sys.stderr)
     if not problems:
@@ -50,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("name", nargs="?", help="a study name, `list`, or the path of a study YAML file")
     parser.add_argument("--render", action="store_true", help="only write table.md and plot.png from the records")
     parser.add_argument("--check", action="store_true", help="check every committed table against its records")
+    parser.add_argument("--bench", type=Path, nargs="*", help="render these bench_train JSON records (NAME.md)")
     parser.add_argument("--docs", action="store_true", help="refresh the study tables quoted in the --pages")
     parser.add_argument("--pages", type=Path, nargs="*", default=[Path("docs/results.md")], help="pages quoting tables")
     parser.add_argument("--dry-run", action="store_true", help="print the pending runs' commands, run nothing")
@@ -59,6 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, default=Path("docs/study"), help="where records and tables go")
     parser.add_argument("--runs", type=Path, default=Path("runs/study"), help="where the run folders go")
     args = parser.parse_args(argv)
+    if args.bench:
+        for path in args.bench:
+            print(f"wrote {write_bench(path)}")
+        return 0
     if args.check:
         return _check(args.root, args.pages)
     if args.docs:

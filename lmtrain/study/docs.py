@@ -1,23 +1,27 @@
 """Study tables inside a markdown page: a block ``<!-- study:NAME -->`` ... ``<!-- /study:NAME -->`` holds the
-rendered ``table.md`` of study NAME, so that the prose of docs/results.md quotes rendered tables, never copies."""
+rendered ``table.md`` of study NAME (``bench:NAME``: the rendered docs/bench/NAME.md of a benchmark record), so
+that the prose of docs/results.md quotes rendered tables, never copies."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-BLOCK = re.compile(r"(<!-- study:(?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /study:(?P=name) -->)", re.DOTALL)
+BLOCK = re.compile(
+    r"(<!-- (?P<kind>study|bench):(?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /(?P=kind):(?P=name) -->)", re.DOTALL
+)
 
 
 def filled(text: str, root: Path) -> str:
     """``text`` with every study block replaced by that study's rendered table (left as is when it has none)."""
 
     def table(match: re.Match[str]) -> str:
-        path = root / match["name"] / "table.md"
+        bench = root.parent / "bench" / f"{match['name']}.md"  # a benchmark's rendered table, beside its JSON
+        path = bench if match["kind"] == "bench" else root / match["name"] / "table.md"
         if not path.is_file():
             return match.group(0)
         body = path.read_text().split("\n", 1)[1]  # without the "rendered by ... do not edit" comment
-        return f"{match.group(1)}{body}{match.group(4)}"
+        return f"{match.group(1)}{body}{match.group(5)}"
 
     return BLOCK.sub(table, text)
 

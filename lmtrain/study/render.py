@@ -38,19 +38,24 @@ def _fmt(s: CellStats) -> str:
     return f"{s.mean:,.1f} ± {s.sd:,.1f}" if s.n >= 2 else f"{s.mean:,.1f}"
 
 
-def _compare(s: CellStats, ref: CellStats | None) -> str:
+def _compare(s: CellStats, ref: CellStats | None, itself: str) -> str:
     if ref is None or s.n == 0 or ref.n == 0:
         return "—"
     if s.label == ref.label:
-        return "reference"
+        return itself
     word = verdict(s, ref)
     return f"{relative(s, ref):+.1f}%" + (f" {word}" if word else "")
 
 
 def _reference_for(spec: StudySpec, cell: Cell, stats: dict[str, CellStats]) -> CellStats | None:
-    """The cell a row is compared with: the declared reference, else (with an x axis) the best cell at its x."""
+    """The cell a row is compared with: the declared reference, its twin with the ``pair`` value, else (with an x
+    axis) the best cell at its x."""
     if spec.reference:
         return stats[spec.reference]
+    if spec.pair:
+        key, value = spec.pair.split("=", 1)
+        twin = tuple((k, value if k.lstrip("+") == key else v) for k, v in cell.values)
+        return next((stats[c.label] for c in spec.cells if c.values == twin), None)
     if spec.x and cell.get(spec.x) is not None:
         same_x = [stats[c.label] for c in spec.cells if c.get(spec.x) == cell.get(spec.x) and stats[c.label].n]
         return min(same_x, key=lambda s: s.mean, default=None)
@@ -71,7 +76,8 @@ def render_table(spec: StudySpec, records: list[dict[str, Any]]) -> str:
     other = "val/ppl" if spec.metric == "test/ppl" else "test/ppl"
     second = cell_stats(spec, records, other)
     keys = _varying_keys(spec.cells)
-    against = f"vs {spec.reference}" if spec.reference else (f"vs best at same {spec.x}" if spec.x else "")
+    against = f"vs {spec.reference or spec.pair}" if spec.reference or spec.pair else ""
+    against = against or (f"vs best at same {spec.x}" if spec.x else "")
     header = [*keys, "seeds", f"{METRIC_NAMES[spec.metric]} (mean ± sd)", METRIC_NAMES[other]]
     header += [against] if against else []
     lines = [
@@ -89,7 +95,8 @@ def render_table(spec: StudySpec, records: list[dict[str, Any]]) -> str:
         seeds = f"{s.n}" + (f" ({s.failed} failed)" if s.failed else "")
         row = [cell.get(k) or "" for k in keys]
         row += [seeds, _fmt(s), _fmt(second[cell.label])]
-        row += [_compare(s, _reference_for(spec, cell, stats))] if against else []
+        itself = "best" if against.startswith("vs best") else "reference"
+        row += [_compare(s, _reference_for(spec, cell, stats), itself)] if against else []
         lines.append("| " + " | ".join(row) + " |")
     lines += ["", "'beats' / 'behind': the means differ by more than twice the pooled sd of the seeds; else 'tied'."]
     lines += ["Throughput is in the records (tokens_per_sec) but not compared here: runs shared machines and devices."]

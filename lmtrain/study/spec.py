@@ -10,7 +10,8 @@ A study is a YAML file (the package's own in ``lmtrain/studies/``, or any file a
         sampler.unigram_share: [0]
     seeds: [1, 2, 3]                       # every cell runs once per seed
     metric: test/ppl                       # test/ppl | val/ppl (the best validation)
-    reference: output=full                 # the cell every other is compared with (optional)
+    reference: output=full                 # the cell every other is compared with (optional), or
+    pair: output.shared_negatives=false    # each cell compared with its twin that has this value (optional)
     x: output.num_samples                  # optional: drawn on the x axis (lines), else one bar per cell
 
 A cell is one combination of a block's values; its label is its overrides joined by commas (``output=rff,
@@ -74,6 +75,7 @@ class StudySpec:
     seeds: list[int]
     metric: str = "test/ppl"
     reference: str | None = None
+    pair: str | None = None
     x: str | None = None
     source: Path | None = None
     notes: list[str] = field(default_factory=list)
@@ -94,7 +96,7 @@ def _value(value: Any) -> str:
 def parse_spec(name: str, data: dict[str, Any], source: Path | None = None) -> StudySpec:
     """Check and parse one declaration; errors name the file and the key."""
     where = f"study {name}" + (f" ({source})" if source else "")
-    known = {"description", "overrides", "grid", "seeds", "metric", "reference", "x", "notes"}
+    known = {"description", "overrides", "grid", "seeds", "metric", "reference", "pair", "x", "notes"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise StudyError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")
@@ -118,6 +120,9 @@ def parse_spec(name: str, data: dict[str, Any], source: Path | None = None) -> S
     reference = data.get("reference")
     if reference is not None and reference not in {c.label for c in cells}:
         raise StudyError(f"{where}: reference {reference!r} is not a cell of the grid")
+    pair = data.get("pair")
+    if pair is not None and (reference is not None or "=" not in str(pair)):
+        raise StudyError(f"{where}: 'pair' is KEY=VALUE (a grid value), and excludes 'reference'")
     return StudySpec(
         name=name,
         description=str(data.get("description", "")),
@@ -126,6 +131,7 @@ def parse_spec(name: str, data: dict[str, Any], source: Path | None = None) -> S
         seeds=seeds,
         metric=metric,
         reference=reference,
+        pair=None if pair is None else str(pair),
         x=data.get("x"),
         source=source,
         notes=[str(n) for n in data.get("notes", [])],

@@ -1,0 +1,35 @@
+"""A throughput benchmark's record (``scripts/bench_train.py --json``) rendered as a table: tokens/s per strategy,
+the median of interleaved rounds, and the ratio to the full softmax measured in the same run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def render_bench(path: Path) -> str:
+    """The markdown table of one bench_train JSON record (every corpus it measured)."""
+    record = json.loads(path.read_text())
+    isolated = ", each cell in its own process" if "child" in str(record.get("peak_memory", "")) else ""
+    lines = [
+        f"<!-- rendered by `python -m lmtrain.study --bench docs/bench/{path.name}` from that record: do not edit -->",
+        f"Training throughput, `scripts/bench_train.py` ({path.name}): {record['rounds']} interleaved rounds of "
+        f"{record['steps']} steps, {record['threads']} thread(s), {record['device']}, experiment "
+        f"`{record['experiment']}`{isolated}; median of the rounds.",
+        "",
+    ]
+    for corpus, data in record["corpora"].items():
+        lines += [f"| {corpus}: output | tokens/s (median) | rounds | x full (same run) |", "|---|---|---|---|"]
+        for name, speed in data["tokens_per_sec"].items():
+            ratio = data["ratio_to_full"].get(name)
+            shown = "—" if ratio is None else f"{ratio:.2f}"
+            lines.append(f"| {name} | {speed:,.0f} | {len(data['samples'][name])} | {shown} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_bench(path: Path) -> Path:
+    """Write the table beside the record (NAME.json -> NAME.md)."""
+    out = path.with_suffix(".md")
+    out.write_text(render_bench(path))
+    return out
