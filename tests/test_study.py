@@ -154,3 +154,19 @@ def test_committed_tables_and_results_page_match_their_records():
     root = Path(__file__).resolve().parents[1]
     pages = [str(root / "docs" / "results.md")]
     assert study_main(["--check", "--root", str(root / "docs" / "study"), "--pages", *pages]) == 0
+
+
+def test_readme_which_one_to_pick_quotes_only_rendered_tables():
+    """Every decimal number of README's "Which one to pick" appears in a rendered study or benchmark table, so the
+    advice cannot drift from the records (a typo, or a number left over from older defaults, fails here)."""
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    section = readme.split("**Which one to pick**", 1)[1].split("\n\n", 1)[0]
+    tables = [*(root / "docs" / "study").glob("*/table.md"), *(root / "docs" / "bench").glob("*.md")]
+    rendered = "\n".join(path.read_text() for path in tables)
+    numbers = re.findall(r"\d[\d,]*\.\d+", section)
+    assert len(numbers) >= 10  # the section does quote measurements
+    missing = [n for n in numbers if not re.search(rf"(?<![\d.,]){re.escape(n)}(?![\d])", rendered)]
+    assert not missing, f"README quotes numbers no rendered table holds: {missing}"
