@@ -148,7 +148,9 @@ def render_plot(spec: StudySpec, records: list[dict[str, Any]], path: Path) -> P
 
 
 def _short(label: str) -> str:
-    return ",".join(part.split("=", 1)[1] if part.startswith("output=") else part for part in label.split(","))
+    """'output=rff,output.shared_negatives=true' -> 'rff, shared_negatives=true' (for crowded axis labels)."""
+    parts = [p.split("=", 1) for p in label.split(",")]
+    return ", ".join(v if k == "output" else f"{k.rsplit('.', 1)[-1]}={v}" for k, v in parts)
 
 
 def render(spec: StudySpec, root: Path) -> list[Path]:
