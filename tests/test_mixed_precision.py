@@ -16,21 +16,24 @@ from tests.conftest import TINY, make_config
 from tests.test_output_contract import DIM, NUM_CLASSES, OUTPUTS, build
 
 N = 48
+DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]  # CUDA's autocast too, where there is a GPU
 
 
-def bf16() -> torch.autocast:
-    return torch.autocast("cpu", dtype=torch.bfloat16)
+def bf16(device: str) -> torch.autocast:
+    return torch.autocast(device, dtype=torch.bfloat16)
 
 
-def inputs(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def inputs(device: str, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     hidden = 2 * torch.randn(N, DIM, generator=gen)  # logits of a few units: bfloat16 rounding shows
-    return hidden, torch.randint(NUM_CLASSES, (N,), generator=gen), torch.randint(NUM_CLASSES, (N,), generator=gen)
+    ids = torch.randint(NUM_CLASSES, (2, N), generator=gen)
+    return hidden.to(device), ids[0].to(device), ids[1].to(device)
 
 
-def test_the_float32_region_turns_autocast_off_and_back_on():
-    a, b = torch.randn(4, 4), torch.randn(4, 4)
-    with bf16():
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_float32_region_turns_autocast_off_and_back_on(device):
+    a, b = torch.randn(4, 4, device=device), torch.randn(4, 4, device=device)
+    with bf16(device):
         assert (a @ b).dtype == torch.bfloat16 and autocast_on()
         with float32_region():
             assert (a @ b).dtype == torch.float32 and not autocast_on()
@@ -39,13 +42,14 @@ def test_the_float32_region_turns_autocast_off_and_back_on():
     assert not autocast_on()
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("output", OUTPUTS)
-def test_exact_log_probs_stay_float32_under_autocast(output):
-    layer = build(output)
-    hidden, target, _ = inputs()
+def test_exact_log_probs_stay_float32_under_autocast(output, device):
+    layer = build(output).to(device)
+    hidden, target, _ = inputs(device)
     with torch.no_grad():
         exact, every = layer.log_prob(hidden, target), layer.log_probs_all(hidden)
-        with bf16():
+        with bf16(device):
             got, got_all = layer.log_prob(hidden, target), layer.log_probs_all(hidden)
             from_bf16 = layer.log_prob(hidden.bfloat16(), target)  # an encoder's bfloat16 output
     assert got.dtype == got_all.dtype == from_bf16.dtype == torch.float32
@@ -57,15 +61,16 @@ def test_exact_log_probs_stay_float32_under_autocast(output):
 SAMPLED = [o for o in OUTPUTS if isinstance(build(o), SampledOutput)]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("output", SAMPLED)
-def test_a_samplers_draws_and_log_q_stay_float32_under_autocast(output):
-    layer = build(output)
-    hidden, target, previous = inputs(1)
+def test_a_samplers_draws_and_log_q_stay_float32_under_autocast(output, device):
+    layer = build(output).to(device)
+    hidden, target, previous = inputs(device, 1)
     sampler, context = layer.sampler, layer.query(hidden).detach()
     torch.manual_seed(3)
     ids, log_q = sampler.sample(context, 6, inputs=previous)
     exact = sampler.log_q(context, ids, inputs=previous)
-    with bf16():
+    with bf16(device):
         torch.manual_seed(3)
         got_ids, got_log_q = sampler.sample(context, 6, inputs=previous)
         again = sampler.log_q(context, ids, inputs=previous)
@@ -75,33 +80,36 @@ def test_a_samplers_draws_and_log_q_stay_float32_under_autocast(output):
     torch.testing.assert_close(again, exact, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("output", [o for o in SAMPLED if isinstance(build(o).sampler, KernelSampler)])
-def test_the_kernel_trees_node_sums_stay_float32_under_autocast(output):
-    layer = build(output)
+def test_the_kernel_trees_node_sums_stay_float32_under_autocast(output, device):
+    layer = build(output).to(device)
     sampler, weight = layer.sampler, layer.weight.detach().clone()
     sampler.update(weight)
     built = sampler.tree.nodes.clone()
     moved = weight.clone()
     moved[[1, 7, 30]] += 0.05  # a sparse step's changed rows
-    sampler.update(moved, torch.tensor([1, 7, 30]))
+    rows = torch.tensor([1, 7, 30], device=device)
+    sampler.update(moved, rows)
     updated = sampler.tree.nodes.clone()
     sampler.update(weight)
-    with bf16():
+    with bf16(device):
         sampler.update(weight)  # a rebuild
         assert sampler.tree.nodes.dtype == torch.float32
         torch.testing.assert_close(sampler.tree.nodes, built, rtol=0, atol=0)  # before: rff 4e-3 of the largest sum
-        sampler.update(moved, torch.tensor([1, 7, 30]))  # an update of the changed buckets
+        sampler.update(moved, rows)  # an update of the changed buckets
         torch.testing.assert_close(sampler.tree.nodes, updated, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("output", OUTPUTS)
-def test_the_training_loss_runs_under_autocast_and_stays_near_float32(output):
-    layer = build(output)
-    hidden, target, previous = inputs(2)
+def test_the_training_loss_runs_under_autocast_and_stays_near_float32(output, device):
+    layer = build(output).to(device)
+    hidden, target, previous = inputs(device, 2)
     hidden.requires_grad_(True)
     torch.manual_seed(4)
     exact = layer.loss(hidden, target, inputs=previous)
-    with bf16():
+    with bf16(device):
         torch.manual_seed(4)
         loss = layer.loss(hidden, target, inputs=previous)  # adaptive: failed before (a dtype clash in torch)
     loss.backward()
@@ -109,21 +117,24 @@ def test_the_training_loss_runs_under_autocast_and_stays_near_float32(output):
     torch.testing.assert_close(loss, exact, rtol=2e-3, atol=2e-3)  # only the logits' products are bfloat16
 
 
-def validate(module: L.LightningModule, datamodule: L.LightningDataModule, precision: str) -> float:
+def validate(module: L.LightningModule, datamodule: L.LightningDataModule, precision: str, device: str) -> float:
     trainer = L.Trainer(
-        precision=precision, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False
+        precision=precision, accelerator=device, logger=False, enable_checkpointing=False, enable_progress_bar=False
     )
     return float(trainer.validate(module, datamodule=datamodule, verbose=False)[0]["val/ppl"])
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("output", OUTPUTS)
-def test_every_output_trains_with_bf16_mixed_and_validates_in_float32(output, tmp_path, one_thread):
+def test_every_output_trains_with_bf16_mixed_and_validates_in_float32(output, device, tmp_path, one_thread):
     from lmtrain.training.run import train
 
     small = ["data.train_tokens=8000", "data.valid_tokens=1000", "model.emb_dim=16", "model.hidden_dim=16"]
     args = [*TINY, *small, f"output={output}", "trainer.precision=bf16-mixed", "trainer.max_steps=3"]
+    args += [f"trainer.accelerator={'gpu' if device == 'cuda' else device}"]
     metrics = train(make_config([*args, "test_after_fit=false", f"run_dir={tmp_path}"]))
     datamodule, module = load_model(tmp_path / "checkpoints" / "last.ckpt", [])
-    in_float32_trainer = validate(module, datamodule, "32-true")
+    accelerator = "gpu" if device == "cuda" else device
+    in_float32_trainer = validate(module, datamodule, "32-true", accelerator)
     assert metrics["val/ppl"] == pytest.approx(in_float32_trainer, rel=1e-5)  # the logged val ppl is float32's
-    assert validate(module, datamodule, "bf16-mixed") == pytest.approx(in_float32_trainer, rel=1e-6)
+    assert validate(module, datamodule, "bf16-mixed", accelerator) == pytest.approx(in_float32_trainer, rel=1e-6)
