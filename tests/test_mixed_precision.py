@@ -12,6 +12,7 @@ from lmtrain.output.sampled.base import SampledOutput
 from lmtrain.sampler.kernel.sampler import KernelSampler
 from lmtrain.sampler.precision import autocast_on, float32_region, in_float32
 from lmtrain.tools.trained import load_model
+from lmtrain.training.checks import ConfigError, check_config
 from tests.conftest import TINY, make_config
 from tests.test_output_contract import DIM, NUM_CLASSES, OUTPUTS, build
 
@@ -115,6 +116,13 @@ def test_the_training_loss_runs_under_autocast_and_stays_near_float32(output, de
     loss.backward()
     assert loss.dtype == torch.float32 and hidden.grad is not None and torch.isfinite(hidden.grad).all()
     torch.testing.assert_close(loss, exact, rtol=2e-3, atol=2e-3)  # only the logits' products are bfloat16
+
+
+@pytest.mark.parametrize("precision", ["bf16-true", "16-true"])
+def test_precisions_with_16_bit_weights_are_refused_with_the_mixed_one_named(precision):
+    with pytest.raises(ConfigError, match="use trainer.precision=bf16-mixed"):
+        check_config(make_config([*TINY, f"trainer.precision={precision}", "run_dir=unused"]))
+    check_config(make_config([*TINY, "trainer.precision=bf16-mixed", "run_dir=unused"]))
 
 
 def validate(module: L.LightningModule, datamodule: L.LightningDataModule, precision: str, device: str) -> float:
