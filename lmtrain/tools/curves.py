@@ -113,7 +113,9 @@ def group_by_seed(runs: list[RunRecord]) -> list[RunGroup]:
     labels = run_labels([group[0] for group in members], ignore=("seed",))
     groups = []
     for label, group in zip(labels, members, strict=True):
-        shown = label if len(group) == 1 else f"{label} ({len(group)} seeds)"
+        seeds = {repr(run_config(run).get("seed")) for run in group}
+        kind = "seeds" if len(seeds) == len(group) else "runs"  # the same seed twice: repeated runs
+        shown = label if len(group) == 1 else f"{label} ({len(group)} {kind})"
         groups.append(RunGroup(shown, group, tokens_per_step(run_config(group[0]))))
     return groups
 
