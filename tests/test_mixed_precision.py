@@ -118,6 +118,16 @@ def test_the_training_loss_runs_under_autocast_and_stays_near_float32(output, de
     torch.testing.assert_close(loss, exact, rtol=2e-3, atol=2e-3)  # only the logits' products are bfloat16
 
 
+@pytest.mark.parametrize("output", ["adaptive", "hsm"])
+def test_adaptive_and_hsm_train_their_output_layer_in_float32(output):
+    layer = build(output)
+    hidden, target, _ = inputs("cpu", 5)
+    exact = layer.loss(hidden, target)
+    with bf16("cpu"):
+        loss = layer.loss(hidden, target)
+    torch.testing.assert_close(loss, exact, rtol=1e-6, atol=1e-6)  # not only near: the same float32 sums
+
+
 @pytest.mark.parametrize("precision", ["bf16-true", "16-true"])
 def test_precisions_with_16_bit_weights_are_refused_with_the_mixed_one_named(precision):
     with pytest.raises(ConfigError, match="use trainer.precision=bf16-mixed"):
