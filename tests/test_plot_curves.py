@@ -1,85 +1,136 @@
-"""scripts/plot_curves.py: a PNG with one line per run, labelled by the run's name."""
+"""python -m lmtrain.plot: the plotted points of a tiny sweep (validations at their step, tokens, seconds, seeds
+grouped into mean and band, one unit per training panel), and reading metrics.csv back."""
 
 from __future__ import annotations
 
 import json
-import sys
+import statistics
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import plot_curves  # noqa: E402
+from lmtrain.tools.curve_plot import draw, main, plot_runs
+from lmtrain.tools.curves import Panel, group_by_seed, load_runs
+from lmtrain.tools.results import load_run, read_metrics, run_labels
+from lmtrain.training.loggers.metrics_csv import AppendingExperimentWriter
+from tests.conftest import TINY, make_config
 
-from lmtrain.tools.plots import val_curve, validated_within_epochs  # noqa: E402
-from lmtrain.tools.results import load_run, read_metrics, run_labels  # noqa: E402
-from lmtrain.training.loggers.metrics_csv import AppendingExperimentWriter  # noqa: E402
+TOKENS_PER_STEP = 16 * 20  # TINY's batch x bptt
 
 
-def fake_run(folder: Path, name: str, val: list[float], exact_train: bool) -> Path:
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """full with seeds 1 and 2 validated every 3 steps for 6 steps, unigram (no exact training ppl) for 4 steps
+    with only its final validation: a short run, validated once at step 4."""
+    from lmtrain.training.run import train
+
+    root = tmp_path_factory.mktemp("sweep")
+    jobs = [
+        ("0", ["output=full", "seed=1", "trainer.max_steps=6", "trainer.val_check_interval=3"]),
+        ("1", ["output=full", "seed=2", "trainer.max_steps=6", "trainer.val_check_interval=3"]),
+        ("2", ["output=unigram", "seed=1", "trainer.max_steps=4"]),
+    ]
+    for name, overrides in jobs:
+        common = [*TINY, "trainer.log_every_n_steps=2", "test_after_fit=false"]
+        train(make_config([*common, *overrides, f"run_dir={root / name}"]))
+        (root / name / ".hydra").mkdir()  # as a Hydra multirun over output and seed leaves it
+        (root / name / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides[:2]))
+    return root
+
+
+def panel(panels: list[Panel], title: str) -> Panel:
+    return next(p for p in panels if p.title == title)
+
+
+def test_a_sweep_is_plotted_against_steps_tokens_and_seconds_with_seeds_as_mean_and_band(sweep, tmp_path):
+    out = tmp_path / "curves.png"
+    panels = plot_runs([sweep], "all", out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    runs = {r.path.name: r for r in load_runs([sweep])}
+    full_val = [[v for _, _, v in runs[n].series["val/ppl"]] for n in ("0", "1")]  # 2 validations each
+
+    full, unigram = panel(panels, "validation by steps").lines
+    assert full.label == "output=full (2 seeds)" and unigram.label == "output=unigram"
+    assert full.x == [3.0, 6.0] and unigram.x == [4.0]  # each validation at the step it followed
+    assert full.y == pytest.approx([statistics.mean(v) for v in zip(*full_val, strict=True)])
+    assert full.low == [min(v) for v in zip(*full_val, strict=True)]
+    assert full.high == [max(v) for v in zip(*full_val, strict=True)] and unigram.low is None
+
+    by_tokens = panel(panels, "validation by tokens").lines
+    assert by_tokens[0].x == [3.0 * TOKENS_PER_STEP, 6.0 * TOKENS_PER_STEP] and by_tokens[0].y == full.y
+    seconds = [[v for _, _, v in runs[n].series["train/seconds"]] for n in ("0", "1")]
+    by_seconds = panel(panels, "validation by seconds").lines
+    assert by_seconds[0].x == pytest.approx([statistics.mean(s) for s in zip(*seconds, strict=True)])
+    assert by_seconds[1].x == runs["2"].values("train/seconds") and all(x > 0 for x in by_seconds[1].x)
+
+    exact = panel(panels, "training perplexity").lines  # exact training ppl only where the strategy has one
+    losses = panel(panels, "training loss: each strategy's own objective").lines
+    assert [line.label for line in exact] == ["output=full (2 seeds)"]
+    assert [line.label for line in losses] == ["output=unigram"]
+    assert exact[0].x == [2.0, 4.0, 6.0] and min(exact[0].y) > 1.0  # perplexities, logged every 2 steps
+    assert losses[0].x == [1.0, 2.0, 3.0, 4.0] and losses[0].y == pytest.approx(runs["2"].values("train/loss"))
+
+
+def test_the_figure_draws_the_returned_points_one_color_per_group(sweep, tmp_path):
+    panels = plot_runs([sweep / "0", sweep / "1", sweep / "2"], "steps", tmp_path / "c.png")
+    assert [p.title for p in panels] == ["validation by steps", "training perplexity", panels[2].title]
+    fig = draw(panels, "t")
+    axes = [ax for ax in fig.axes if ax.get_visible()]
+    for ax, drawn in zip(axes, panels, strict=True):
+        assert ax.get_yscale() == drawn.yscale and ax.get_ylabel() == drawn.ylabel
+        for line2d, line in zip(ax.lines, drawn.lines, strict=True):
+            assert list(line2d.get_xdata()) == line.x and list(line2d.get_ydata()) == line.y
+            assert line2d.get_color() == f"C{line.group}"
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["output=full (2 seeds)", "output=unigram"]
+
+
+def test_runs_differing_in_more_than_the_seed_stay_apart_and_are_labelled_by_it(sweep, tmp_path):
+    other = tmp_path / "lr"
+    train_cfg = [*TINY, "output=full", "seed=1", "trainer.max_steps=2", "optim.lr=0.5", f"run_dir={other}"]
+    from lmtrain.training.run import train
+
+    train(make_config([*train_cfg, "test_after_fit=false"]))
+    (other / ".hydra").mkdir()
+    (other / ".hydra" / "overrides.yaml").write_text("- output=full\n- seed=1\n- optim.lr=0.5\n")
+    groups = group_by_seed(load_runs([sweep / "0", sweep / "1", other]))
+    assert [len(g.runs) for g in groups] == [2, 1] and groups[0].tokens_per_step == TOKENS_PER_STEP
+    assert groups[1].label == "lr=0.5" and "seed" not in groups[0].label.removesuffix(" (2 seeds)")
+
+
+def fake_run(folder: Path, name: str, val: list[float]) -> Path:
     folder.mkdir(parents=True)
-    key = "train/ppl_step" if exact_train else "train/loss_step"
-    rows = ["epoch,step,val/ppl," + key]
-    for epoch, ppl in enumerate(val):
-        rows.append(f"{epoch},{10 * epoch + 5},,{ppl * 1.1 if exact_train else 3.0 - epoch * 0.1}")
-        rows.append(f"{epoch},{10 * epoch + 9},{ppl},")
+    rows = ["epoch,step,val/ppl,train/loss"] + [f"{e},{10 * e + 9},{ppl},{3.0 - e * 0.1}" for e, ppl in enumerate(val)]
     (folder / "metrics.csv").write_text("\n".join(rows) + "\n")
     (folder / "run.json").write_text(json.dumps({"name": name}))
     return folder
 
 
-def test_plot_curves_writes_a_png_with_one_line_per_run(tmp_path):
-    full = fake_run(tmp_path / "a", "full", [180.0, 150.0, 130.0], exact_train=True)
-    rff = fake_run(tmp_path / "b", "rff", [200.0, 160.0, 140.0], exact_train=False)
-    out = plot_curves.main([str(full), str(rff), "--out", str(tmp_path / "curves.png")])
-    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
-    run = load_run(rff)
-    assert run.name == "rff" and run.values("val/ppl") == [200.0, 160.0, 140.0] and run.best("val/ppl") == 140.0
-
-
-def test_a_folder_without_metrics_is_named_in_the_error(tmp_path):
+def test_the_command_writes_a_png_and_runs_without_a_config_are_plotted_by_step(tmp_path):
+    full = fake_run(tmp_path / "a", "full", [180.0, 150.0, 130.0])
+    out = main([str(full), "--x", "steps", "--out", str(tmp_path / "curves.png")])
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="nothing to plot"):  # without a config the batch shape is unknown
+        main([str(full), "--x", "tokens", "--out", str(tmp_path / "tokens.png")])
+    panels = plot_runs([full], "steps", tmp_path / "b.png")
+    assert panels[0].lines[0].x == [10.0, 20.0, 30.0] and panels[0].lines[0].label == "full"
     with pytest.raises(FileNotFoundError, match="holds no metrics.csv"):
-        plot_curves.main([str(tmp_path), "--out", str(tmp_path / "x.png")])
+        main([str(tmp_path / "empty"), "--out", str(tmp_path / "x.png")])
 
 
-def test_runs_validated_within_epochs_are_plotted_by_step(tmp_path):
-    per_epoch = load_run(fake_run(tmp_path / "a", "full", [180.0, 150.0], exact_train=True))
-    assert not validated_within_epochs([per_epoch]) and val_curve(per_epoch, False) == ([1, 2], [180.0, 150.0])
-    folder = tmp_path / "b"
-    folder.mkdir()
-    (folder / "metrics.csv").write_text("epoch,step,val/ppl\n0,249,600.0\n0,499,400.0\n0,749,300.0\n")
-    within = load_run(folder)  # trainer.val_check_interval=250: three validations in epoch 0
-    assert validated_within_epochs([per_epoch, within])
-    assert val_curve(within, True) == ([250, 500, 750], [600.0, 400.0, 300.0])
-
-
-def sweep_job(folder: Path, overrides: list[str]) -> Path:
-    fake_run(folder, ",".join(overrides), [200.0, 150.0], exact_train=False)
-    output = next((o.split("=")[1] for o in overrides if o.startswith("output=")), "full")
-    name = next((o.split("=")[1] for o in overrides if o.startswith("name=")), ",".join(overrides))  # as lmtrain
-    (folder / "run.json").write_text(json.dumps({"name": name, "output": output}))
-    (folder / ".hydra").mkdir()
-    (folder / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
-    return folder
-
-
-def test_sweep_jobs_are_labelled_by_what_differs_and_the_legend_sits_outside(tmp_path):
-    common = ["data=synthetic", "model.hidden_dim=650", "model.emb_dim=650", "optim=adam", "trainer.max_epochs=39"]
-    jobs = [
-        sweep_job(tmp_path / str(n), [*common, f"output={o}", f"output.num_samples={m}"])
-        for n, (o, m) in enumerate([("rff", 10), ("rff", 100), ("uniform", 100)])
-    ]
-    named = sweep_job(tmp_path / "named", [*common, "name=my baseline"])
-    assert run_labels([load_run(j) for j in jobs]) == [
-        "output=rff num_samples=10",
-        "output=rff num_samples=100",
-        "output=uniform num_samples=100",
-    ]
-    assert run_labels([load_run(jobs[0])]) == ["rff"] and run_labels([load_run(named)])[0] == "my baseline"
-    out = plot_curves.main([*map(str, jobs), "--out", str(tmp_path / "curves.png")])
-    import matplotlib.image
-
-    assert matplotlib.image.imread(out).shape[1] > 12 * 120  # wider than the two panels: the legend is beside them
+def test_sweep_jobs_are_labelled_by_what_differs(tmp_path):
+    common = ["data=synthetic", "model.hidden_dim=650", "optim=adam", "trainer.max_epochs=39"]
+    jobs = []
+    for n, (o, m) in enumerate([("rff", 10), ("rff", 100), ("uniform", 100)]):
+        folder = fake_run(tmp_path / str(n), "x", [200.0, 150.0])
+        (folder / "run.json").write_text(json.dumps({"name": "x", "output": o}))
+        (folder / ".hydra").mkdir()
+        (folder / ".hydra" / "overrides.yaml").write_text(
+            "".join(f"- {o}\n" for o in [*common, f"output={o}", f"output.num_samples={m}"])
+        )
+        jobs.append(load_run(folder))
+    labels = ["output=rff num_samples=10", "output=rff num_samples=100", "output=uniform num_samples=100"]
+    assert run_labels(jobs) == labels
+    assert run_labels(jobs[:1]) == ["rff"]
 
 
 def test_rows_of_one_step_merge_and_a_resume_replaces_the_redone_steps(tmp_path):

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from torch import Tensor, nn
 
 from lmtrain.output.base import OutputLayer
+from lmtrain.sampler.precision import in_float32
 
 HEAD_CAP, TAIL_FRACTION, MAX_CLUSTERS = 2000, 0.6, 3
 
@@ -82,7 +83,10 @@ class AdaptiveSoftmax(OutputLayer):
     def log_prob(self, hidden: Tensor, target: Tensor) -> Tensor:
         return self.asm(hidden, target).output  # (N,) exact log p(target | hidden)
 
+    @in_float32
     def loss(self, hidden: Tensor, target: Tensor, inputs: Tensor | None = None) -> Tensor:
+        """The exact NLL, in float32 under autocast: torch's adaptive softmax writes its bfloat16 cluster
+        log-probabilities into a tensor of the input's dtype and fails (or, given bfloat16, sums in bfloat16)."""
         return self.asm(hidden, target).loss
 
     def log_probs_all(self, hidden: Tensor) -> Tensor:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from lmtrain.sampler.precision import in_float32, wrap_methods
+
 PAIRS_PER_CHUNK = 1 << 16  # (position, class) pairs per log_prob call in the default log_probs_all
 
 
@@ -15,10 +17,17 @@ class OutputLayer(nn.Module):
     exact, normalized log-probability used for perplexity. Subclasses that keep derived state
     (a sampler tree) refresh it in ``after_optimizer_step``. ``loss`` also receives the input token at each
     position (the previous word), which the sampled strategies hand to a proposal conditioned on it.
+
+    Under mixed precision (autocast) every subclass's ``log_prob``, ``log_probs_all`` and ``extra_metrics`` run in
+    float32 (``lmtrain.sampler.precision``): exact evaluation never passes through bfloat16.
     """
 
     num_classes: int
     loss_is_nll: bool = False  # True when `loss` is the exact mean -log p: then exp(loss) is a perplexity
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        wrap_methods(cls, ("log_prob", "log_probs_all", "extra_metrics"))
 
     def loss(self, hidden: Tensor, target: Tensor, inputs: Tensor | None = None) -> Tensor:
         """(N, d), (N,) -> scalar mean training objective; ``inputs`` (N,) the input tokens (None: not known)."""
@@ -28,6 +37,7 @@ class OutputLayer(nn.Module):
         """(N, d), (N,) -> (N,) exact log p(target | hidden)."""
         raise NotImplementedError
 
+    @in_float32
     def log_probs_all(self, hidden: Tensor) -> Tensor:
         """(N, d) -> (N, n) exact log p of every class (for sampling text and for checks; O(n) per position).
 

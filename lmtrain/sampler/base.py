@@ -7,6 +7,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from lmtrain.sampler.precision import wrap_methods
+
 
 class Sampler(nn.Module):
     """A proposal q over the classes, used for negatives by sampled softmax, NCE and negative sampling.
@@ -20,9 +22,16 @@ class Sampler(nn.Module):
     a language model the previous word: the token the LSTM read there). A sampler uses what it needs and
     ignores the rest; one that needs ``inputs`` and gets None raises ValueError. ``log_q`` is the exact
     log-probability with which each returned id was drawn.
+
+    Under mixed precision (autocast) every subclass's ``sample``, ``log_q``, ``log_q_all`` and ``update`` run in
+    float32 (``lmtrain.sampler.precision``): log q and a kernel tree's node sums never pass through bfloat16.
     """
 
     per_example: bool = False
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        wrap_methods(cls, ("sample", "log_q", "log_q_all", "update"))
 
     def sample(self, hidden: Tensor | None, num_samples: int, inputs: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Draw ``num_samples`` ids (with replacement); return (ids, log_q) of equal shape."""

@@ -1,15 +1,15 @@
-"""Sweep and run plots: perplexity against m, validation curves; matplotlib on the Agg backend."""
+"""Sweep plots: perplexity against m, validation curves per m; matplotlib on the Agg backend (runs compared:
+``curve_plot.py``)."""
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from lmtrain.tools.curves import validations
 from lmtrain.tools.report import SummaryRow
-from lmtrain.tools.results import RunRecord
 
 
 def pyplot() -> Any:
@@ -57,35 +57,20 @@ def plot_ppl_vs_samples(rows: list[SummaryRow], path: str | Path, metric: str = 
     return save_figure(fig, path, plt)
 
 
-def validated_within_epochs(runs: Iterable[RunRecord]) -> bool:
-    """Whether some run was validated several times per epoch (trainer.val_check_interval): then validation
-    curves are plotted against the optimizer step rather than the epoch."""
-    return any(
-        len({e for _, e, _ in r.series["val/ppl"]}) < len(r.series["val/ppl"]) for r in runs if r.series.get("val/ppl")
-    )
-
-
-def val_curve(run: RunRecord, by_step: bool) -> tuple[list[int], list[float]]:
-    """x (step or epoch, 1-based) and validation perplexity of a run."""
-    val = run.series.get("val/ppl", [])
-    return [(s if by_step else e) + 1 for s, e, _ in val], [v for _, _, v in val]
-
-
 def plot_val_curves(rows: list[SummaryRow], path: str | Path) -> Path:
-    """Validation perplexity per epoch (or per step), one line per strategy, one panel per m (RF-softmax, Fig. 3)."""
+    """Validation perplexity against optimizer steps (each validation at the step it followed), one line per
+    strategy, one panel per m (RF-softmax, Fig. 3)."""
     plt = pyplot()
     curves = [r for r in rows if r.run.series.get("val/ppl")]
     sizes = sorted({r.num_samples for r in curves if r.num_samples is not None}) or [None]
-    by_step = validated_within_epochs([r.run for r in curves])
     fig, axes = plt.subplots(1, len(sizes), figsize=(5.5 * len(sizes), 4.5), squeeze=False)
-    xlabel = "optimizer step" if by_step else "epochs trained"
     for ax, m in zip(axes[0], sizes, strict=True):
         for row in curves:
             if row.num_samples in (m, None):
                 ls = "--" if row.num_samples is None else "-"
-                ax.plot(*val_curve(row.run, by_step), ls=ls, marker="o", label=row.label)
-        ax.set(xlabel=xlabel, ylabel="validation perplexity (exact)", yscale="log")
-        ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
+                points = sorted(validations(row.run, "steps", None).values())  # (steps done, ppl)
+                ax.plot(*zip(*points, strict=True), ls=ls, marker="o", label=row.label)
+        ax.set(xlabel="optimizer steps", ylabel="validation perplexity (exact)", yscale="log")
         ax.set_title("all runs" if m is None else f"m = {m}")
         ax.grid(True, which="both", alpha=0.3)
         if ax.lines:

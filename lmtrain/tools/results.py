@@ -70,10 +70,11 @@ def load_run(run_dir: str | Path) -> RunRecord:
     return RunRecord(path=path, name=str(info.get("name", path.name)), info=info, series=read_metrics(metrics))
 
 
-def run_labels(runs: list[RunRecord], width: int = 40) -> list[str]:
+def run_labels(runs: list[RunRecord], width: int = 40, ignore: tuple[str, ...] = ()) -> list[str]:
     """Short legend labels: a run's ``name=`` if given, else the overrides that differ between the runs (keys cut
-    to their last part: ``num_samples=100``), else its output strategy; at most ``width`` characters, distinct."""
-    overrides = [_overrides(run) for run in runs]
+    to their last part: ``num_samples=100``), else its output strategy; at most ``width`` characters, distinct.
+    Overrides of the keys in ``ignore`` (e.g. ``seed``, where runs of several seeds are drawn as one) are left out."""
+    overrides = [[o for o in _overrides(run) if o.split("=", 1)[0] not in ignore] for run in runs]
     common = set.intersection(*map(set, overrides)) if overrides else set()
     labels = []
     for run, given in zip(runs, overrides, strict=True):

@@ -9,6 +9,7 @@ from torch import Tensor, nn
 
 from lmtrain.model import State
 from lmtrain.output import OutputLayer
+from lmtrain.sampler.precision import float32_region
 from lmtrain.training.ddp import ddp_ignored, global_state, mean_over_ranks, rank_block
 from lmtrain.training.optim import build_optimizer, clip_grad_norm
 from lmtrain.training.rng import get_rng_states, set_rng_states
@@ -79,10 +80,15 @@ class LanguageModel(StepMetrics):
 
     # --- exact evaluation --------------------------------------------------------------------------
     def _eval_step(self, batch: tuple[Tensor, Tensor], split: str) -> None:
+        """Exact log-probabilities of one window, in float32 also under mixed precision: the encoder and the
+        output run with autocast off, so that validation and test perplexity are the float32 evaluation of the
+        weights whatever ``trainer.precision`` trained them with."""
         inputs, targets = batch
-        hidden = self._hidden(inputs, split)
-        log_p = self.output.log_prob(hidden, targets.reshape(-1))  # (B*T,)
-        for name, value in self.output.extra_metrics(hidden).items():  # e.g. NCE's mean ln Z
+        with float32_region():
+            hidden = self._hidden(inputs, split)
+            log_p = self.output.log_prob(hidden, targets.reshape(-1))  # (B*T,)
+            extra = self.output.extra_metrics(hidden)
+        for name, value in extra.items():  # e.g. NCE's mean ln Z
             self.log(f"{split}/{name}", value, on_epoch=True, batch_size=hidden.shape[0], sync_dist=True)
         self._eval_sums += torch.stack([-log_p.double().sum().cpu(), torch.tensor(log_p.numel(), dtype=torch.float64)])
 

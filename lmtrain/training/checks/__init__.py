@@ -60,6 +60,8 @@ SET_BY_LMTRAIN = {
     "gradient_clip_val": "use optim.clip (the global gradient norm, sparse gradients included)",
     "gradient_clip_algorithm": "use optim.clip (the global gradient norm, sparse gradients included)",
 }
+# precisions that store the weights themselves in 16 bits: nothing could then be evaluated in float32
+LOW_PRECISION_WEIGHTS = ("bf16-true", "16-true")
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -82,6 +84,12 @@ def config_problems(cfg: DictConfig) -> Iterator[str]:
         for key, advice in SET_BY_LMTRAIN.items():
             if key in cfg.trainer:
                 yield f"trainer.{key} is set by lmtrain: {advice}"
+        if str(cfg.trainer.get("precision")) in LOW_PRECISION_WEIGHTS:
+            yield (
+                f"trainer.precision={cfg.trainer.precision} keeps the weights in 16 bits, so exact evaluation, a "
+                "sampler's log q and the kernel tree's sums cannot stay float32: use trainer.precision=bf16-mixed "
+                "(float32 weights, 16-bit products; docs/workflow.md, mixed precision)"
+            )
         yield from target_node(cfg.trainer, "trainer")
     for part in ("logger", "callbacks"):
         for name, spec in (cfg.get(part) or {}).items():

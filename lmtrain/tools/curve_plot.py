@@ -1,0 +1,75 @@
+"""``python -m lmtrain.plot RUN_OR_SWEEP... [--x steps|tokens|seconds|all] [--out FILE.png]``: curves that compare
+runs, drawn from the panels of ``curves.py``.
+
+Validation perplexity (exact for every strategy) against optimizer steps, training tokens or training seconds
+(``--x all``: a panel each), then the training panels: exact training perplexity for the strategies whose loss is
+the exact NLL, training loss in nats for the others, each in a panel of its own. Runs that differ only by their
+seed are one line, the mean over the seeds, with a band from their min to their max. One color per group in every
+panel; the legend, beside the panels, names what differs between the groups.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from lmtrain.tools.curves import AXES, Panel, curve_panels, group_by_seed, load_runs
+from lmtrain.tools.plots import pyplot, save_figure
+
+
+def draw(panels: list[Panel], title: str) -> Any:
+    """A matplotlib figure of ``panels`` (Agg backend): the validation panels in the first row, the training panels
+    in the second; the caller saves or inspects and closes it."""
+    plt = pyplot()
+    from matplotlib.ticker import LogFormatter
+
+    rows = [[p for p in panels if p.title.startswith("validation")], [p for p in panels if p.title.startswith("train")]]
+    rows = [row for row in rows if row]
+    columns = max(len(row) for row in rows)
+    fig, axes = plt.subplots(len(rows), columns, figsize=(5.2 * columns, 4.0 * len(rows)), squeeze=False)
+    handles: dict[str, Any] = {}
+    for row, row_axes in zip(rows, axes, strict=True):
+        for ax in row_axes[len(row) :]:
+            ax.set_visible(False)
+        for ax, panel in zip(row_axes, row, strict=False):
+            for line in panel.lines:
+                color = f"C{line.group % 10}"
+                marker = "o" if panel.title.startswith("validation") else None
+                (drawn,) = ax.plot(line.x, line.y, color=color, marker=marker, ms=3, lw=1.3, label=line.label)
+                if line.low is not None and line.high is not None:
+                    ax.fill_between(line.x, line.low, line.high, color=color, alpha=0.2, lw=0)
+                handles.setdefault(line.label, drawn)
+            ax.set(title=panel.title, xlabel=panel.xlabel, ylabel=panel.ylabel, yscale=panel.yscale)
+            if panel.yscale == "log":  # plain numbers (88, 90, 200), minor ticks labelled on a short range
+                ax.yaxis.set_major_formatter(LogFormatter(labelOnlyBase=False))
+                ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
+            ax.grid(True, which="both", alpha=0.3)
+    if handles:
+        fig.legend(list(handles.values()), list(handles), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    banded = any(line.low is not None for panel in panels for line in panel.lines)
+    fig.suptitle(title + ("  (line: mean over seeds, band: min to max)" if banded else ""))
+    return fig
+
+
+def plot_runs(paths: list[str | Path], x: str = "all", out: str | Path = "curves.png", title: str = "") -> list[Panel]:
+    """Write the comparison figure of the runs (or sweeps) in ``paths`` to ``out``; returns the plotted panels."""
+    groups = group_by_seed(load_runs(paths))
+    panels = [p for p in curve_panels(groups, x) if p.lines]
+    if not panels:
+        raise ValueError(f"nothing to plot: no validation or training rows in {', '.join(map(str, paths))}")
+    save_figure(draw(panels, title or "lmtrain: runs compared"), out, pyplot())
+    return panels
+
+
+def main(argv: list[str] | None = None) -> Path:
+    """The command line; returns the PNG written."""
+    parser = argparse.ArgumentParser(prog="python -m lmtrain.plot", description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", help="run folders (holding metrics.csv) or sweep folders")
+    parser.add_argument("--x", default="all", choices=[*AXES, "all"], help="validation x axis (default: all three)")
+    parser.add_argument("--out", default="curves.png", help="PNG path to write")
+    parser.add_argument("--title", default="", help="figure title")
+    args = parser.parse_args(argv)
+    plot_runs(args.runs, args.x, args.out, args.title)
+    print(f"wrote {args.out}")
+    return Path(args.out)
