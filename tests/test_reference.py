@@ -4,7 +4,8 @@ The draws are forced: a ``ForcedDraws`` sampler returns given ids with log q fro
 of one step is a deterministic function of the scores, and lmtrain's loss (mean over positions) and its gradients
 with respect to the hidden states and the class matrix [W, b] must equal ``tests/reference_np.py`` in float64 to
 1e-10 (relative). The forced ids include accidental hits: one position whose every draw is its target (k_t = 0),
-one with two hits, and the rest random; negatives are forced per position (N, m) or shared by the batch (m,).
+one with two hits, one with a single kept draw (k_t = 1), and the rest random; negatives are forced per position
+(N, m) or shared by the batch (m,).
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ def inputs(shared: bool, seed: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor]
     ids = torch.randint(N_CLASSES, (ROWS, M), generator=gen)
     ids[0] = target[0]  # every draw a hit: k_t = 0
     ids[1, [0, 3]] = target[1]  # two hits
+    ids[2, :-1] = target[2]  # one draw kept: k_t = 1
+    ids[2, -1] = (target[2] + 1) % N_CLASSES
     return q, hidden, target, ids
 
 
@@ -153,6 +156,7 @@ def test_nce_matches_the_reference(shared, log_z):
             layer.log_z.fill_(log_z)
     qn = q.numpy()
     rows = ids.expand(ROWS, -1) if ids.dim() == 1 else ids
+    assert (layer.log_z is None) == (log_z is None)  # ln Z is a parameter only when it is learned
     expected = reference_step(layer, hidden, target, ids, lambda s, t, j: ref.nce(s, t, j, qn, log_z or 0.0))
     assert_matches(lmtrain_step(layer, hidden, target), expected)
     if log_z is not None:
@@ -167,3 +171,71 @@ def test_negative_sampling_matches_the_reference(shared):
     layer = build(NegativeSampling, ForcedDraws(q, ids), shared)
     expected = reference_step(layer, hidden, target, ids, lambda s, t, j: ref.negative_sampling(s, t, j))
     assert_matches(lmtrain_step(layer, hidden, target), expected)
+
+
+class ForcedStream(Sampler):
+    """A batch-shared proposal ``q`` (n,) whose successive draws are the given ``stream``, ``num_samples`` at a
+    time (for ``unique``: draws until m distinct ids are seen)."""
+
+    def __init__(self, q: Tensor, stream: list[int]) -> None:
+        super().__init__()
+        self.q, self.stream, self.at = q, stream, 0
+
+    def sample(self, hidden: Tensor | None, num_samples: int, inputs: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        ids = torch.tensor(self.stream[self.at : self.at + num_samples])
+        self.at += num_samples
+        return ids, self.q.log()[ids]
+
+    def log_q(self, hidden: Tensor | None, ids: Tensor, inputs: Tensor | None = None) -> Tensor:
+        return self.q.log()[ids]
+
+
+def test_unique_negatives_match_the_reference():
+    """``unique``: the first m distinct ids of the stream in draw order, T = the draws it took to see them, and
+    o'_j = o_j - ln(1 - (1 - q_j)^T) with hits removed (docs/strategies.md)."""
+    q, hidden, target, _ = inputs(shared=True, seed=4)
+    stream = [3, 3, 7, 3, 1, 7, 9, 1, 0, 5, 2, 2, 4, 6, 8]  # 5 distinct ids (3, 7, 1, 9, 0) after 9 draws
+    layer = build(SampledSoftmax, ForcedStream(q, stream), True, unique=True)
+    ids, log_q, tries = layer.draw(hidden)
+    assert ids.tolist() == [3, 7, 1, 9, 0] and float(tries) == 9
+    torch.testing.assert_close(log_q, q.log()[ids])
+    layer.sampler.at = 0
+    qn = q.numpy()
+
+    def position(s: np.ndarray, t: int, j: np.ndarray) -> tuple[float, np.ndarray]:
+        entries = [(t, float(s[t]))] + [(int(c), float(s[c]) - np.log(1 - (1 - qn[c]) ** 9)) for c in j if c != t]
+        logits = np.array([v for _, v in entries])
+        weights = np.exp(logits - logits.max())
+        weights /= weights.sum()
+        grad = np.zeros_like(s)
+        for (cls, _), w in zip(entries, weights, strict=True):
+            grad[cls] += w
+        grad[t] -= 1.0
+        return float(np.log(np.exp(logits - logits.max()).sum()) + logits.max() - s[t]), grad
+
+    expected = reference_step(layer, hidden, target, ids, position)
+    assert_matches(lmtrain_step(layer, hidden, target), expected)
+
+
+class NeedsInputs(ForcedDraws):
+    """``ForcedDraws`` that, like the bigram proposal, needs the input tokens and checks they are the batch's."""
+
+    def __init__(self, q: Tensor, ids: Tensor, expected_inputs: Tensor) -> None:
+        super().__init__(q, ids)
+        self.expected_inputs = expected_inputs
+
+    def sample(self, hidden: Tensor | None, num_samples: int, inputs: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        assert inputs is not None and torch.equal(inputs, self.expected_inputs)
+        return super().sample(hidden, num_samples, inputs)
+
+    def log_q(self, hidden: Tensor | None, ids: Tensor, inputs: Tensor | None = None) -> Tensor:
+        assert inputs is not None and torch.equal(inputs, self.expected_inputs)
+        return super().log_q(hidden, ids, inputs)
+
+
+@pytest.mark.parametrize("cls", [SampledSoftmax, NCE, NegativeSampling])
+def test_every_loss_hands_the_input_tokens_to_the_sampler(cls):
+    q, hidden, target, ids = inputs(shared=False, seed=5)
+    tokens = torch.arange(ROWS) % N_CLASSES
+    layer = build(cls, NeedsInputs(q, ids, tokens), False)
+    assert torch.isfinite(layer.loss(hidden, target, tokens))
