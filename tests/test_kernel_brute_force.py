@@ -102,11 +102,13 @@ def test_quadratic_per_example_is_the_normalized_kernel(leaf_size):
 def test_quadratic_batch_shared_is_the_mixture_of_the_normalized_kernels(leaf_size):
     """Batch-shared: q-bar(j) = (1/N) sum_i K(h_i, w_j) / sum_k K(h_i, w_k), one distribution for the batch."""
     n, d, alpha = 50, 6, 100.0
-    weight, query = classes(n, d, seed=3), queries(7, d, seed=4)
+    weight = classes(n, d, seed=3)
     sampler = QuadraticSampler(alpha=alpha, leaf_size=leaf_size, shared=True)
     sampler.update(weight)
     assert not sampler.per_example
-    assert_sampler_gives(sampler, query, normalized(quadratic_kernel(query, weight, alpha)).mean(0))
+    for seed in (4, 5):  # a second batch on the same tree: nothing of the first batch's mixture may be reused
+        query = queries(7, d, seed=seed)
+        assert_sampler_gives(sampler, query, normalized(quadratic_kernel(query, weight, alpha)).mean(0))
 
 
 # nu = 1: exp(nu (cos - 1)) >= e^-2 ~ 0.14, and with D = 2048 the estimate's error (1 - k^2) / sqrt(2 D) <= 0.016,
@@ -152,12 +154,14 @@ def test_rff_batch_shared_is_the_mixture_of_the_normalized_estimates(leaf_size):
     """Batch-shared: q-bar(j) = (1/N) sum_i K^(h_i, w_j) / sum_k K^(h_i, w_k), whatever the bucket size (the walk
     and the in-bucket pick both use the mixture query's feature-space scores)."""
     n, d = 64, 6
-    weight, query = classes(n, d, seed=10), queries(5, d, seed=11)
+    weight = classes(n, d, seed=10)
     sampler = rff_sampler(leaf_size=leaf_size, shared=True)
     sampler.update(weight)
-    estimate = rff_estimate(query, weight, sampler.features.omega)
-    assert estimate.min() > 1e-3
-    assert_sampler_gives(sampler, query, normalized(estimate).mean(0))
+    for seed in (11, 12):  # a second batch on the same tree: nothing of the first batch's mixture may be reused
+        query = queries(5, d, seed=seed)
+        estimate = rff_estimate(query, weight, sampler.features.omega)
+        assert estimate.min() > 1e-3
+        assert_sampler_gives(sampler, query, normalized(estimate).mean(0))
 
 
 def test_unigram_share_mixes_the_kernel_with_the_unigram():

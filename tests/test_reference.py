@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from lmtrain.output import NCE, NegativeSampling, SampledSoftmax
+from lmtrain.output import NCE, AbsoluteSampledSoftmax, CosineSampledSoftmax, NegativeSampling, SampledSoftmax
 from lmtrain.output.sampled import SampledOutput
 from lmtrain.sampler import Sampler
 from tests import reference_np as ref
@@ -239,3 +239,24 @@ def test_every_loss_hands_the_input_tokens_to_the_sampler(cls):
     tokens = torch.arange(ROWS) % N_CLASSES
     layer = build(cls, NeedsInputs(q, ids, tokens), False)
     assert torch.isfinite(layer.loss(hidden, target, tokens))
+
+
+@pytest.mark.parametrize("norm_eps", [0.0, 2.0])
+def test_cosine_and_absolute_scores_are_the_documented_logits(norm_eps):
+    """``output=rff``: tau * <h / sqrt(|h|^2 + eps^2), w / |w|> (eps = 0: h / |h|); ``output=quadratic``:
+    |[h, 1] . [w, b]|; checked through the exact distribution both evaluate, log_probs_all, against NumPy."""
+    gen = torch.Generator().manual_seed(6)
+    hidden = torch.randn(ROWS, DIM, generator=gen, dtype=torch.float64)
+    q = torch.full((N_CLASSES,), 1.0 / N_CLASSES, dtype=torch.float64)
+    ids = torch.zeros(ROWS, M, dtype=torch.long)
+    cosine = build(CosineSampledSoftmax, ForcedDraws(q, ids), False, tau=7.0, norm_eps=norm_eps)
+    h, w = hidden.numpy(), cosine.weight.detach().numpy()
+    unit_h = h / np.sqrt((h**2).sum(1, keepdims=True) + norm_eps**2)
+    logits = 7.0 * unit_h @ (w / np.linalg.norm(w, axis=1, keepdims=True)).T
+    expected = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+    torch.testing.assert_close(cosine.log_probs_all(hidden).detach(), torch.from_numpy(expected), **TOL)
+    absolute = build(AbsoluteSampledSoftmax, ForcedDraws(q, ids), False)
+    w = absolute.weight.detach().numpy()
+    logits = np.abs(np.concatenate([h, np.ones((ROWS, 1))], axis=1) @ w.T)
+    expected = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+    torch.testing.assert_close(absolute.log_probs_all(hidden).detach(), torch.from_numpy(expected), **TOL)
