@@ -13,7 +13,6 @@ from hydra.errors import InstantiationException
 from lmtrain.output import NCE, SampledSoftmax
 from lmtrain.sampler import BigramSampler
 from lmtrain.training.build import build_output
-from lmtrain.training.run import train
 from tests.conftest import make_config
 from tests.test_samplers import chi_square, chi_square_critical
 
@@ -173,6 +172,5 @@ def test_config_builds_it_with_the_training_ids_and_keeps_tables_out_of_checkpoi
         build_output(cfg, N, 8, counts)
 
 
-def test_output_bigram_trains_end_to_end(tiny_config):
-    metrics = train(tiny_config("output=bigram", "output.num_samples=10", "trainer.max_steps=5"))
-    assert math.isfinite(metrics["test/ppl"])
+# output=bigram end to end: tests/test_strategies_learn.py trains it and requires it to learn (a finite perplexity
+# after five steps, the check that stood here, would pass for a sampler that ignored the previous word)

@@ -77,6 +77,7 @@ def test_short_training_run_from_the_command_line(tmp_path):
     assert "GPU available" in (run / "__main__.log").read_text()  # kept in the run's log file
 
 
+@pytest.mark.slow  # two CLI processes, ~18 s; tests/test_generate.py and tests/test_score.py call them in process
 def test_generate_and_score_from_the_command_line(trained_run, tmp_path):
     run, _ = trained_run("full", "text")
     generated = run_cli(

@@ -26,16 +26,21 @@ from tests.conftest import make_config
 
 @pytest.mark.slow
 def test_ddp_on_two_processes_matches_one_process_with_the_same_global_batch(tmp_path):
-    """Shared negatives (uniform) and no dropout: both runs make the same draws, so the exact ppl must agree."""
-    common = [*TINY, "logger=csv", "output=uniform", "output.num_samples=8", "optim=sgd", "optim.lr=0.5",
-              "loss_reduction=mean", "trainer.max_epochs=1"]  # fmt: skip
+    """Negatives shared by the batch (uniform, set explicitly: per-position negatives, the default, are drawn from
+    each rank's rows and so differ from one process's draws) and no dropout: both runs make the same draws, and
+    the exact ppl must agree up to the order of the floating-point sums."""
+    common = [*TINY, "logger=csv", "output=uniform", "output.num_samples=8", "output.shared_negatives=true",
+              "optim=sgd", "optim.lr=0.5", "loss_reduction=mean", "trainer.max_epochs=1"]  # fmt: skip
     single = subprocess.Popen(lmtrain(*common, f"hydra.run.dir={tmp_path / 'single'}"), cwd=tmp_path,
                               env=cli_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     run_cli([*common, *DDP, f"hydra.run.dir={tmp_path / 'ddp'}"], tmp_path)
     assert single.wait(timeout=400) == 0
     one, two = run_info(tmp_path / "single")["metrics"], run_info(tmp_path / "ddp")["metrics"]
+    # measured: equal to the last bit (rel. difference 0) on this machine; the tolerance allows float32 sums in
+    # another order (~1e-7 relative each) and stays well below the 1.7e-5 that different draws (per-position
+    # negatives, drawn per rank) make
     for key in ("val/ppl", "test/ppl"):
-        assert two[key] == pytest.approx(one[key], rel=1e-5), key
+        assert two[key] == pytest.approx(one[key], rel=2e-6), key
     assert one["val/ppl"] < 100  # it learned (vocabulary 100: a uniform guess has perplexity 100)
 
 

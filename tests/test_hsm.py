@@ -82,6 +82,37 @@ def test_probabilities_over_all_classes_sum_to_one(tree, n):
     assert log_p.max() < 0 and log_p.std() > 0.1  # a real, non-uniform distribution
 
 
+@pytest.mark.parametrize("tree", TREES)
+def test_loss_is_the_mean_nll_and_every_class_scores_alike_in_both_paths(tree):
+    """The training loss is -mean log p(target) of the exact distribution, and ``log_probs_all`` (all classes at
+    once, for evaluation and generation) equals ``log_prob`` class by class. Binary trees: log p(c | h) is the
+    sum over c's path of log sigmoid(sign * ([h, 1] . row)), computed here from the tree's paths with a loop."""
+    n, d = 37, 6
+    output = make_hsm(tree, n, d=d, num_bins=6 if tree == "two_level" else None)
+    gen = torch.Generator().manual_seed(2)
+    hidden = torch.randn(5, d, dtype=torch.float64, generator=gen)
+    target = torch.randint(n, (5,), generator=gen)
+    with torch.no_grad():
+        every = output.log_probs_all(hidden)  # (5, n)
+        torch.testing.assert_close(every, all_class_log_probs(output, hidden), rtol=0, atol=1e-12)
+        loss = output.loss(hidden, target)
+    torch.testing.assert_close(loss, -every.gather(1, target[:, None]).mean(), rtol=0, atol=1e-12)
+    if tree == "two_level":
+        return
+    paths = (huffman_tree if tree == "huffman" else balanced_tree)(zipf_counts(n))  # as make_hsm builds it
+    weight = output.weight.detach()
+    for row in range(5):
+        query = torch.cat([hidden[row], torch.ones(1, dtype=torch.float64)])
+        for c in range(n):
+            expected = sum(
+                math.log(
+                    1 / (1 + math.exp(-int(paths.signs[c, step]) * float(query @ weight[int(paths.nodes[c, step])])))
+                )
+                for step in range(int(paths.mask[c].sum()))
+            )
+            assert float(every[row, c]) == pytest.approx(expected, rel=1e-10, abs=1e-12)
+
+
 def test_huffman_code_lengths_match_the_textbook_example():
     # CLRS 16.3: a:45 b:13 c:12 d:16 e:9 f:5 -> a=0, b=101, c=100, d=111, e=1101, f=1100
     paths = huffman_tree(torch.tensor([45, 13, 12, 16, 9, 5]))

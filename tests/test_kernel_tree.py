@@ -208,6 +208,7 @@ def test_dense_draws_follow_the_same_q_as_the_walk(kind):
     assert tree.dense_draw_pays(400, 1000) and not tree.dense_draw_pays(10**7, 1000)  # memory-bounded
 
 
+@pytest.mark.slow  # ~50 s in all; test_sparse_updates_match_a_rebuild_without_drift is the fast 100-round check
 @pytest.mark.parametrize(
     ("kind", "refresh"),
     [(k, 10**9) for k in ("quadratic", "rff", "rff_nocache", "rff_bf16", "rff_bf16cache")]

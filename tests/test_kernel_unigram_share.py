@@ -38,8 +38,9 @@ def test_per_example_draws_follow_the_mixture_and_log_q_matches(kind, walk, monk
     torch.testing.assert_close(log_q, sampler.log_q(query, ids), rtol=1e-4, atol=1e-5)
     everything = sampler.log_q_all(query, N_CLASSES).double().exp()  # (2, n)
     torch.testing.assert_close(everything.sum(1), torch.ones(2, dtype=torch.float64), rtol=1e-5, atol=1e-5)
-    kernel = (everything - 0.35 * sampler.unigram.unigram.log_probs.double().exp()) / 0.65
-    assert kernel.min() > -1e-6, "the mixture minus its unigram part is the kernel proposal, a distribution"
+    kernel = make_sampler(kind, share=0.0).log_q_all(query, N_CLASSES).double().exp()  # the same kernel, no share
+    counts = torch.arange(N_CLASSES, 0, -1).double() ** 1.5 + 1  # the training counts, smoothed
+    torch.testing.assert_close(everything, 0.65 * kernel + 0.35 * counts / counts.sum(), rtol=0, atol=1e-6)
     draws = torch.cat([sampler.sample(query[:1], 20)[0].reshape(-1) for _ in range(1500)])  # stratified batches
     assert_draws_follow(draws, everything[0])
 

@@ -26,6 +26,7 @@ from tests.cli_runs import (
 )
 
 
+@pytest.mark.slow  # three CLI runs, ~30 s; tests/test_train.py resumes mid epoch in process (fast)
 def test_sigkill_mid_epoch_then_resume_matches_the_uninterrupted_run(tmp_path):
     common = [
         *TINY,

@@ -159,3 +159,21 @@ def test_unigram_bad_options_raise_value_error(kwargs, message):
 def test_softmax_sampler_without_weights_raises():
     with pytest.raises(ValueError, match="call update"):
         SoftmaxSampler(5).sample(torch.randn(2, 3), 4)
+
+
+def test_log_q_all_is_every_class_for_every_position():
+    """``Sampler.log_q_all`` (diagnostics): (N, n), row i the log q of every class for position i's query and input."""
+    n, rows = N_CLASSES, 4
+    hidden = torch.randn(rows, 6)
+    for name, sampler in context_free().items():
+        every = sampler.log_q(None, torch.arange(n))
+        torch.testing.assert_close(sampler.log_q_all(hidden, n), every.expand(rows, n), msg=name)
+    softmax, queries = softmax_sampler(rows=rows)
+    torch.testing.assert_close(softmax.log_q_all(queries, n), softmax.log_q(queries, torch.arange(n).expand(rows, n)))
+
+
+def test_uniform_sampler_needs_two_classes_and_keeps_no_state():
+    assert UniformSampler(2).log_q(None, torch.arange(2)).exp().tolist() == pytest.approx([0.5, 0.5])
+    with pytest.raises(ValueError, match="at least 2 classes"):
+        UniformSampler(1)
+    assert list(UniformSampler(5).state_dict()) == []  # nothing to checkpoint

@@ -24,6 +24,7 @@ from tests.cli_runs import (
 )
 
 
+@pytest.mark.slow  # a joblib multirun with W&B offline runs, ~12 s
 def test_multirun_gives_one_wandb_run_per_job_and_a_summary(tmp_path):
     sweep = tmp_path / "multirun" / "sweep"
     result = run_cli(

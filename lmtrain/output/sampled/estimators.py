@@ -28,7 +28,7 @@ def classic_logits(neg_logits: Tensor, log_q: Tensor, num_samples: int) -> Tenso
 def exact_logits(neg_logits: Tensor, log_q: Tensor, log_q_target: Tensor, hits: Tensor, num_samples: int) -> Tensor:
     """Negatives corrected for the proposal with the target removed, q_j / (1 - q_t), over the k_t = m - hits
     negatives kept (their hits are masked by the caller); ``log_q_target`` (N,)."""
-    kept = (num_samples - hits.sum(1)).clamp(min=1)  # (N,) k_t
+    kept = (num_samples - hits.sum(1)).clamp(min=1).to(neg_logits.dtype)  # (N,) k_t, in the logits' precision
     log_rest = torch.log(-torch.expm1(log_q_target.clamp(max=-1e-7)))  # (N,) ln(1 - q_t)
     return neg_logits - (kept.log() - log_rest).unsqueeze(1) - log_q
 
