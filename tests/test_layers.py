@@ -1,5 +1,5 @@
 """The import graph runs one way (docs/architecture.md): entries -> cli -> training -> (model, output -> sampler),
-data apart, tools above training."""
+data apart, tools above training, study above tools."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ ALLOWED = {
     "entry": {"cli", "training", "tools"},
     "cli": {"training", "data"},
     "tools": {"cli", "training", "output", "sampler", "model", "data"},
+    "study": {"tools", "training"},  # studies run `python -m lmtrain` processes and read their folders
     "training": {"model", "output", "sampler", "data"},
     "output": {"sampler"},
     "sampler": set(),
