@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lmtrain.cli.overrides import CONF_DIR, compose_config
+from lmtrain.config import CONF_DIR, compose_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_output_table import print_table, report  # noqa: E402  (this folder's module, also when imported)

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from lmtrain.cli.overrides import compose_config
+from lmtrain.config import compose_config
 from lmtrain.training.assemble import build_model
 from lmtrain.training.optim import clip_grad_norm
 

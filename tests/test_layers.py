@@ -1,5 +1,5 @@
-"""The import graph runs one way (docs/architecture.md): entries -> cli -> training -> (model, output -> sampler),
-data apart, tools above training."""
+"""The import graph runs one way (docs/architecture.md): entries -> cli -> config -> training -> (model,
+output -> sampler), data apart, tools above config."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import lmtrain
 ROOT = Path(lmtrain.__file__).parent
 # the layers each layer may import (besides itself)
 ALLOWED = {
-    "entry": {"cli", "training", "tools"},
+    "entry": {"cli", "config", "training", "tools"},
     "cli": {"training", "data"},
-    "tools": {"cli", "training", "output", "sampler", "model", "data"},
+    "tools": {"cli", "config", "training", "output", "sampler", "model", "data"},
+    "config": {"training", "output", "data"},
     "training": {"model", "output", "sampler", "data"},
     "output": {"sampler"},
     "sampler": set(),

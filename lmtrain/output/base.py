@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import Tensor, nn
 
@@ -16,6 +18,9 @@ class OutputLayer(nn.Module):
     (a sampler tree) refresh it in ``after_optimizer_step``. ``loss`` also receives the input token at each
     position (the previous word), which the sampled strategies hand to a proposal conditioned on it.
     """
+
+    # the run-time values lmtrain.training.build passes besides the config
+    runtime_args: ClassVar[tuple[str, ...]] = ("num_classes", "dim")
 
     num_classes: int
     loss_is_nll: bool = False  # True when `loss` is the exact mean -log p: then exp(loss) is a perplexity

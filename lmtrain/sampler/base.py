@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -21,6 +22,9 @@ class Sampler(nn.Module):
     ignores the rest; one that needs ``inputs`` and gets None raises ValueError. ``log_q`` is the exact
     log-probability with which each returned id was drawn.
     """
+
+    # the run-time values lmtrain.training.build passes besides the config
+    runtime_args: ClassVar[tuple[str, ...]] = ("num_classes",)
 
     per_example: bool = False
 

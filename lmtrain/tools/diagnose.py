@@ -22,12 +22,12 @@ from typing import Any
 import torch
 
 from lmtrain.cli.failures import fail
-from lmtrain.cli.overrides import choices, compose_config
+from lmtrain.config import choices, compose_config
 from lmtrain.output import FullSoftmax, SampledSoftmax
 from lmtrain.sampler import UniformSampler
 from lmtrain.tools.diagnostics import all_logits, gradient_bias, hidden_spread, proposal_kl
 from lmtrain.tools.trained import load_model, parse_options, resolve_checkpoint
-from lmtrain.training.build import build
+from lmtrain.training.build import Runtime, build
 
 DEFAULTS: dict[str, str] = {
     "ckpt_path": "",
@@ -85,10 +85,10 @@ def as_sampled_softmax(output: Any) -> SampledSoftmax:
     )
 
 
-def build_sampler(name: str, overrides: list[str], runtime: dict[str, Any]) -> Any:
+def build_sampler(name: str, overrides: list[str], runtime: Runtime) -> Any:
     keys = set(compose_config([f"sampler={name}"]).sampler)
     own = [o for o in overrides if o.split("=", 1)[0].removeprefix("sampler.") in keys]
-    return build(compose_config([f"sampler={name}", *own]).sampler, **runtime)
+    return build(compose_config([f"sampler={name}", *own]).sampler, runtime)
 
 
 def diagnose(argv: list[str]) -> dict[str, Any]:
@@ -99,12 +99,7 @@ def diagnose(argv: list[str]) -> dict[str, Any]:
     output = as_sampled_softmax(module.output)
     hidden, target, inputs = held_out_positions(datamodule, module, int(options["windows"]), int(options["positions"]))
     log_p = torch.log_softmax(all_logits(output, hidden).detach(), dim=1).double()  # (P, n)
-    runtime = {
-        "num_classes": output.num_classes,
-        "dim": output.dim,
-        "counts": datamodule.counts,
-        "train_ids": datamodule.train_ids,
-    }
+    runtime = Runtime(output.num_classes, output.dim, datamodule.counts, datamodule.train_ids)
     samplers = options["sampler"].split(",")
     sizes = [int(m) for m in options["output.num_samples"].split(",")]
     rows = []

@@ -10,7 +10,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from lmtrain.training.build import build, build_output
+from lmtrain.training.build import Runtime, build, build_output
 from lmtrain.training.module import LanguageModel
 from lmtrain.training.optim import sparse_rows_match_dense
 
@@ -30,7 +30,7 @@ def build_module(
     optim = OmegaConf.to_container(cfg.optim, resolve=True)
     sparse = cfg.model.get("sparse_embedding")
     resolved = {"sparse_embedding": sparse_rows_match_dense(optim)} if sparse == "auto" else {}
-    encoder = build(cfg.model, num_classes=num_classes, **resolved)
+    encoder = build(cfg.model, Runtime(num_classes), **resolved)
     output = build_output(cfg, num_classes, encoder.output_dim, counts, train_ids)
     module = LanguageModel(encoder, output, optim, cfg.loss_reduction)
     model = OmegaConf.to_container(cfg.model, resolve=True)

@@ -43,6 +43,8 @@ class SampledOutput(OutputLayer):
     ``bias_init="log_unigram"`` starts the biases at the log of the smoothed training unigram (``counts``).
     """
 
+    runtime_args: ClassVar[tuple[str, ...]] = ("num_classes", "dim", "sampler", "counts")
+
     Options: ClassVar[type[SampledOptions]] = SampledOptions
     signed_scores: ClassVar[bool] = True  # False where the logit is |o|: then only zero biases make sense
 

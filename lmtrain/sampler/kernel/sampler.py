@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -34,6 +34,8 @@ class KernelSampler(Sampler):
     ``unigram_share`` s > 0 mixes the kernel proposal with the training unigram (``UnigramShare``): round(s m) of
     each position's m draws come from the unigram and every id is corrected with the mixture's exact log q.
     """
+
+    runtime_args: ClassVar[tuple[str, ...]] = ("num_classes", "counts")
 
     def __init__(
         self,
