@@ -8,6 +8,8 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
+from lmtrain.sampler.proposal import BoundProposal, Proposal
+
 
 class Sampler(nn.Module):
     """A proposal q over the classes, used for negatives by sampled softmax, NCE and negative sampling.
@@ -27,6 +29,12 @@ class Sampler(nn.Module):
     runtime_args: ClassVar[tuple[str, ...]] = ("num_classes",)
 
     per_example: bool = False
+
+    def propose(self, hidden: Tensor | None, inputs: Tensor | None = None) -> Proposal:
+        """This step's proposal for the queries ``hidden`` (N, d') and input tokens ``inputs`` (N,): built once per
+        step, it draws the negatives and gives the targets' log q (the default binds the context to ``sample``
+        and ``log_q``; a sampler with work to share between the two returns its own ``Proposal``)."""
+        return BoundProposal(self, hidden, inputs)
 
     def sample(self, hidden: Tensor | None, num_samples: int, inputs: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Draw ``num_samples`` ids (with replacement); return (ids, log_q) of equal shape."""

@@ -104,9 +104,7 @@ def diagnose(argv: list[str]) -> dict[str, Any]:
     sizes = [int(m) for m in options["output.num_samples"].split(",")]
     rows = []
     for name in samplers:
-        output.sampler = build_sampler(name, sampler_overrides, runtime)
-        output.sampler.use_scores(output.score)
-        output.sampler.update(output.weight.detach())
+        output.attach(build_sampler(name, sampler_overrides, runtime))
         query = output.query(hidden).detach()
         kl = proposal_kl(log_p, output.sampler.log_q_all(query, output.num_classes, inputs).double())  # (P,)
         for m in sizes:
