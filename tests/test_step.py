@@ -8,7 +8,7 @@ import csv
 import lightning as L
 import pytest
 
-from lmtrain.training.assemble import build_model
+from lmtrain.training.build import build_model
 from lmtrain.training.step import evaluate, train_step
 from lmtrain.training.trainer import prepare_process
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmtrain.output.base import OutputLayer, initial_bias
-from lmtrain.output.exact import chunked_logsumexp
+from lmtrain.output.logsumexp import chunked_logsumexp
 
 
 class FullSoftmax(OutputLayer):

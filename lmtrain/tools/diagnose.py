@@ -5,7 +5,7 @@
 For ``positions`` held-out positions (validation split, after carrying the LSTM state through ``windows``
 windows), each proposal q named in ``sampler=`` (lmtrain/conf/sampler/*.yaml; ``sampler.KEY=VALUE`` sets an option of
 the samplers that have it) is attached to the checkpoint's output layer and, for each m in
-``output.num_samples=``, ``draws`` sampled gradients per position give the relative bias (lmtrain.tools.diagnostics).
+``output.num_samples=``, ``draws`` sampled gradients per position give the relative bias (lmtrain.tools.estimator_bias).
 A full-softmax checkpoint is diagnosed as the sampled softmax of the same logits. Writes diagnose.json,
 diagnose.md and bias_vs_samples.png to ``out`` (default RUN/diagnose) and prints the table.
 """
@@ -25,7 +25,7 @@ from lmtrain.cli.failures import fail
 from lmtrain.config import choices, compose_config
 from lmtrain.output import FullSoftmax, SampledSoftmax
 from lmtrain.sampler import UniformSampler
-from lmtrain.tools.diagnostics import all_logits, gradient_bias, hidden_spread, proposal_kl
+from lmtrain.tools.estimator_bias import all_logits, gradient_bias, hidden_spread, proposal_kl
 from lmtrain.tools.trained import load_model, parse_options, resolve_checkpoint
 from lmtrain.training.build import Runtime, build
 

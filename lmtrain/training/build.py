@@ -1,4 +1,6 @@
-"""Building a part from its config: ``instantiate(cfg)`` plus the run-time values its class declares.
+"""Building from the config: a part is ``instantiate(cfg)`` plus the run-time values its class declares, and the
+model is the data module and the LanguageModel (encoder + output strategy), for training (``lmtrain.training.run``)
+and for the tools that load a trained run (``lmtrain.tools.trained``).
 
 Every part class names the values it takes from the data and the model in ``runtime_args`` (``num_classes``,
 ``dim``, ``counts``, ``train_ids``, ``sampler``); the config holds everything else (``lmtrain/config/``).
@@ -9,9 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import lightning as L
 from hydra.utils import get_class, instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
+
+from lmtrain.training.module import LanguageModel
+from lmtrain.training.optim import sparse_rows_match_dense
 
 
 @dataclass
@@ -54,3 +60,25 @@ def needs_train_ids(cfg: DictConfig) -> bool:
     """Whether the output strategy or its sampler is built from the training token stream (``train_ids``)."""
     parts = [part for part in (cfg.output, cfg.get("sampler")) if part is not None]
     return any("train_ids" in runtime_args(str(part._target_)) for part in parts)
+
+
+def build_model(cfg: DictConfig) -> tuple[L.LightningDataModule, LanguageModel]:
+    """The data module (set up) and the LanguageModel (encoder + output strategy) that ``cfg`` describes."""
+    datamodule = instantiate(cfg.data)
+    datamodule.setup()
+    return datamodule, build_module(cfg, datamodule.num_classes, datamodule.counts, datamodule.train_ids)
+
+
+def build_module(cfg: DictConfig, num_classes: int, counts: Tensor, train_ids: Tensor | None) -> LanguageModel:
+    """The LanguageModel of ``cfg`` for a vocabulary of ``num_classes`` with these training ``counts`` (and training
+    stream, for strategies built from it); ``module.signature`` is what a checkpoint must match to be loaded."""
+    optim = OmegaConf.to_container(cfg.optim, resolve=True)
+    sparse = cfg.model.get("sparse_embedding")
+    resolved = {"sparse_embedding": sparse_rows_match_dense(optim)} if sparse == "auto" else {}
+    encoder = build(cfg.model, Runtime(num_classes), **resolved)
+    output = build_output(cfg, num_classes, encoder.output_dim, counts, train_ids)
+    module = LanguageModel(encoder, output, optim, cfg.loss_reduction)
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    model.pop("sparse_embedding", None)  # how gradients are stored, not what the weights are: any checkpoint fits
+    module.signature = {"num_classes": num_classes, "output": cfg.output._target_, "model": model}
+    return module

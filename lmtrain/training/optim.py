@@ -154,11 +154,6 @@ def _total_norm(tensors: list[Tensor]) -> Tensor:
     return torch.nn.utils.get_total_norm([t.detach() for t in tensors], foreach=True)
 
 
-def grad_norm(params: Iterable[Tensor]) -> Tensor:
-    """Global L2 norm of all gradients; sparse gradients are coalesced first (duplicates add up)."""
-    return _total_norm(_grad_tensors(params))
-
-
 def clip_grad_norm(params: Iterable[Tensor], max_norm: float) -> Tensor:
     """Scale all gradients (dense and sparse) so their global norm is at most ``max_norm``.
 

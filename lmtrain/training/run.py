@@ -11,10 +11,10 @@ import lightning as L
 from omegaconf import DictConfig, OmegaConf
 
 from lmtrain.data.vocab import Vocabulary
-from lmtrain.training.assemble import build_model
+from lmtrain.training.build import build_model
+from lmtrain.training.library_logs import quiet_libraries
 from lmtrain.training.loggers import build_loggers
 from lmtrain.training.loggers.wandb_run import finish_wandb
-from lmtrain.training.noise import quiet_libraries
 from lmtrain.training.run_folder import (
     hydra_context,
     prepare_resume,

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from lmtrain.output.base import OutputLayer, changed_rows, initial_bias
-from lmtrain.output.exact import chunked_logsumexp
+from lmtrain.output.logsumexp import chunked_logsumexp
 from lmtrain.output.rows import gather_rows
 from lmtrain.output.sampled.estimators import draw_negatives
 from lmtrain.output.sampled.options import BiasOptions, SampledOptions
