@@ -28,6 +28,7 @@ from lmtrain.sampler import UniformSampler
 from lmtrain.tools.estimator_bias import all_logits, gradient_bias, hidden_spread, proposal_kl
 from lmtrain.tools.trained import load_model, parse_options, resolve_checkpoint
 from lmtrain.training.build import Runtime, build
+from lmtrain.training.step import carry
 
 DEFAULTS: dict[str, str] = {
     "ckpt_path": "",
@@ -59,9 +60,9 @@ def held_out_positions(datamodule: Any, module: Any, windows: int, positions: in
     for index, (inputs, target) in enumerate(datamodule.val_dataloader()):
         if index >= windows:
             break
-        out, state = module.encoder(inputs, state)  # (B, T, d)
+        out, state = carry(module.encoder, inputs, state)  # (B*T, d), as the run's evaluation reads it
         if index > 0:
-            hidden.append(out.reshape(-1, out.shape[-1]))
+            hidden.append(out)
             targets.append(target.reshape(-1))
             tokens.append(inputs.reshape(-1))
     if not hidden:
