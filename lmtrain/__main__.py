@@ -10,8 +10,7 @@ import hydra
 from omegaconf import DictConfig
 
 from lmtrain.cli.failures import RunFolder, fail, run_guarded
-from lmtrain.cli.overrides import CONF_DIR, OverrideError
-from lmtrain.cli.preflight import preflight
+from lmtrain.config import CONF_DIR, ConfigError, preflight
 
 
 def run_folder(args: list[str]) -> RunFolder:
@@ -36,6 +35,6 @@ def main(cfg: DictConfig) -> float | None:
 if __name__ == "__main__":
     try:
         preflight(sys.argv[1:])
-    except OverrideError as err:
+    except ConfigError as err:
         fail(str(err))
     main()

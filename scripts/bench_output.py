@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lmtrain.cli.overrides import CONF_DIR, compose_config
+from lmtrain.config import CONF_DIR, compose_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_output_table import print_table, report  # noqa: E402  (this folder's module, also when imported)
@@ -71,7 +71,8 @@ def time_steps(step: Callable[[], None], warmup: int, repeats: int, budget_s: fl
 
 
 def lmtrain_step(output: nn.Module, hidden: Tensor, target: Tensor, optim: str, lr: float) -> Callable[[], None]:
-    from lmtrain.training.optim import build_optimizer, clip_grad_norm
+    from lmtrain.training.optim import build_optimizer
+    from lmtrain.training.step import after_update, clip_gradients
 
     sparse = output.sparse_parameters()
     sparse_ids = {id(p) for p in sparse}
@@ -82,9 +83,9 @@ def lmtrain_step(output: nn.Module, hidden: Tensor, target: Tensor, optim: str, 
     def step() -> None:
         loss = output.loss(hidden, target)
         loss.backward()
-        clip_grad_norm(params, 5.0)
+        clip_gradients(params, 5.0)
         optimizer.step()
-        output.after_optimizer_step()
+        after_update(output)
         optimizer.zero_grad(set_to_none=True)
         hidden.grad = None
 

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from hydra.utils import instantiate
 
-from lmtrain.cli.overrides import compose_config
+from lmtrain.config import compose_config
 from lmtrain.tools.results import training_throughput
 from lmtrain.training.memory import reuse_freed_memory
 from lmtrain.training.run import train

@@ -23,9 +23,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from lmtrain.cli.overrides import compose_config
-from lmtrain.training.assemble import build_model
-from lmtrain.training.optim import clip_grad_norm
+from lmtrain.config import compose_config
+from lmtrain.training.build import build_model
+from lmtrain.training.step import Window, evaluate, train_step
 
 
 def grad_norm(params: list[torch.nn.Parameter]) -> float:
@@ -44,18 +44,6 @@ def hidden_stats(hidden: torch.Tensor) -> dict[str, float]:
     }
 
 
-@torch.no_grad()
-def val_ppl(datamodule: Any, module: Any, max_tokens: int) -> float:
-    state, nll, count = None, 0.0, 0
-    for inputs, targets in datamodule.val_dataloader():
-        hidden, state = module.encoder(inputs, state)
-        log_p = module.output.log_prob(hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1))
-        nll, count = nll - log_p.sum().item(), count + log_p.numel()
-        if count >= max_tokens:
-            break
-    return math.exp(nll / count)
-
-
 def probe(name: str, overrides: list[str], steps: int, every: int, val_tokens: int) -> dict[str, Any]:
     cfg = compose_config(["logger=csv", *overrides])
     torch.manual_seed(cfg.seed)
@@ -66,24 +54,28 @@ def probe(name: str, overrides: list[str], steps: int, every: int, val_tokens: i
     started, state, history = time.perf_counter(), None, []
     batches = iter(datamodule.train_dataloader())
     for step in range(1, steps + 1):
-        inputs, targets = next(batches)
-        hidden, state = module.encoder(inputs, state)
-        state = (state[0].detach(), state[1].detach())
-        hidden = hidden.reshape(-1, hidden.shape[-1])  # (B*T, d)
-        loss = module.output.loss(hidden, targets.reshape(-1), inputs=inputs.reshape(-1))
-        optimizer.zero_grad(set_to_none=True)
-        (loss * inputs.shape[1] if cfg.loss_reduction == "sum" else loss).backward()
-        row = {"step": step, "loss": loss.item()}
-        row |= {"grad_encoder": grad_norm(encoder_params), "grad_output": grad_norm(output_params)}
-        if cfg.optim.get("clip"):
-            clip_grad_norm(module.parameters(), cfg.optim.clip)
-        optimizer.step()
-        module.output.after_optimizer_step()
+        row: dict[str, float] = {"step": step}
+
+        def gradients(window: Window, row: dict[str, float] = row) -> None:  # before clipping
+            row.update(loss=window.loss.item(), grad_encoder=grad_norm(encoder_params))
+            row.update(grad_output=grad_norm(output_params))
+
+        window = train_step(
+            module.encoder,
+            module.output,
+            next(batches),
+            state,
+            optimizer,
+            cfg.optim.clip,
+            cfg.loss_reduction,
+            gradients,
+        )
+        state = window.state
         if step == 1 or step % every == 0:
-            row |= hidden_stats(hidden.detach())
+            row |= hidden_stats(window.hidden.detach())
             history.append(row)
             print(name, {k: round(v, 3) for k, v in row.items()}, flush=True)
-    ppl = val_ppl(datamodule, module, val_tokens)
+    ppl = evaluate(module.encoder, module.output, datamodule.val_dataloader(), val_tokens).ppl
     print(f"{name}: exact val ppl (first {val_tokens} tokens) {ppl:.2f}", flush=True)
     return {
         "name": name,

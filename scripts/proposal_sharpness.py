@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from lmtrain.sampler import RFFSampler
 from lmtrain.tools.diagnose import held_out_positions
-from lmtrain.tools.diagnostics import all_logits
+from lmtrain.tools.estimator_bias import all_logits
 from lmtrain.tools.trained import load_model, resolve_checkpoint
 
 

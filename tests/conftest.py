@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from omegaconf import DictConfig
 
-from lmtrain.cli.overrides import compose_config
+from lmtrain.config import compose_config
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("WANDB_SILENT", "true")

@@ -2,34 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests import cli_runs
 
 
 def run_cli(*args: str, cwd: Path, module: str = "lmtrain") -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "WANDB_MODE": "disabled",
-        "HF_DATASETS_OFFLINE": "1",
-        "HF_HUB_OFFLINE": "1",
-        "LMTRAIN_CACHE_DIR": str(cwd / "cache"),
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),  # this checkout's lmtrain
-    }
-    return subprocess.run(
-        [sys.executable, "-m", module, *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return cli_runs.run_cli(list(args), cwd, module=module, check=False)
 
 
 @pytest.mark.parametrize(

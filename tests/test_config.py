@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from lmtrain.cli.overrides import CONF_DIR, GROUPS, OverrideError, check_overrides, choices
+from lmtrain.config import CONF_DIR, GROUPS, ConfigError, choices, preflight
 from tests.conftest import make_config
 
 try:
@@ -53,19 +53,19 @@ def test_zaremba_medium_preset_matches_the_paper():
 
 
 def test_unknown_group_choice_names_the_valid_ones():
-    with pytest.raises(OverrideError, match=r"unknown output 'bogus': choose one of .*full"):
-        check_overrides(["output=bogus"])
-    with pytest.raises(OverrideError, match="unknown data 'nope'"):
-        check_overrides(["-m", "data=ptb,nope"])
+    with pytest.raises(ConfigError, match=r"unknown output 'bogus': choose one of .*full"):
+        preflight(["output=bogus"])
+    with pytest.raises(ConfigError, match="unknown data 'nope'"):
+        preflight(["-m", "data=ptb,nope"])
 
 
 def test_sampler_option_on_a_strategy_without_that_option_is_refused():
-    with pytest.raises(OverrideError, match=r"sampler\.D is not an option of output=full"):
-        check_overrides(["sampler.D=1024"])
+    with pytest.raises(ConfigError, match=r"sampler\.D is not an option of output=full"):
+        preflight(["sampler.D=1024"])
     if (CONF_DIR / "output" / "rff.yaml").is_file():
-        check_overrides(["output=rff", "sampler.D=1024"])  # accepted
-        with pytest.raises(OverrideError, match=r"it applies to output=.*rff"):
-            check_overrides(["output=uniform", "sampler.D=64"])
+        preflight(["output=rff", "sampler.D=1024"])  # accepted
+        with pytest.raises(ConfigError, match=r"it applies to output=.*rff"):
+            preflight(["output=uniform", "sampler.D=64"])
 
 
 def test_config_tree_ships_as_package_data():
@@ -80,9 +80,9 @@ def test_config_tree_ships_as_package_data():
 
 
 def test_a_misspelt_sampler_option_gets_the_close_key():
-    with pytest.raises(OverrideError, match=r"sampler\.unigram_shar is not an option of any sampler; did you mean "):
-        check_overrides(["output=rff", "sampler.unigram_shar=0.1"])
-    with pytest.raises(OverrideError, match=r"sampler\.zzz .*the options: D, eps, feature_cache, leaf_size, nu"):
-        check_overrides(["output=rff", "sampler.zzz=1"])
-    with pytest.raises(OverrideError, match=r"sampler\.nuu is not an option of output=full; no sampler takes it"):
-        check_overrides(["sampler.nuu=1"])
+    with pytest.raises(ConfigError, match=r"sampler\.unigram_shar is not an option of any sampler; did you mean "):
+        preflight(["output=rff", "sampler.unigram_shar=0.1"])
+    with pytest.raises(ConfigError, match=r"sampler\.zzz .*the options: D, eps, feature_cache, leaf_size, nu"):
+        preflight(["output=rff", "sampler.zzz=1"])
+    with pytest.raises(ConfigError, match=r"sampler\.nuu is not an option of output=full; no sampler takes it"):
+        preflight(["sampler.nuu=1"])

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import lmtrain.data.tokenizer as tokmod
-from lmtrain.cli.overrides import CONF_DIR
+from lmtrain.config import CONF_DIR
 from lmtrain.data import (
     DataError,
     LMDataModule,

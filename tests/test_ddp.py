@@ -10,7 +10,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from lmtrain.training.build import build, build_output
+from lmtrain.training.build import Runtime, build, build_output
 from lmtrain.training.checkpoints import read_checkpoint
 from lmtrain.training.module import LanguageModel
 from tests.cli_runs import (
@@ -70,7 +70,7 @@ def test_ddp_kernel_trees_stay_identical_on_every_rank(tmp_path):
     cfg = make_config([*overrides, f"run_dir={tmp_path / 'eval'}"])
     data = instantiate(cfg.data)
     data.setup()
-    encoder = build(cfg.model, num_classes=data.num_classes)
+    encoder = build(cfg.model, Runtime(data.num_classes))
     output = build_output(cfg, data.num_classes, encoder.output_dim, data.counts)
     module = LanguageModel(encoder, output, OmegaConf.to_container(cfg.optim, resolve=True), cfg.loss_reduction)
     module.load_state_dict(torch.load(tmp_path / "ddp" / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"])

@@ -11,7 +11,7 @@ import torch
 from lmtrain.output import SampledSoftmax
 from lmtrain.sampler import SoftmaxSampler, UniformSampler
 from lmtrain.tools.diagnose import main as diagnose_main
-from lmtrain.tools.diagnostics import all_logits, gradient_bias, hidden_spread, proposal_kl
+from lmtrain.tools.estimator_bias import all_logits, gradient_bias, hidden_spread, proposal_kl
 from lmtrain.training.run import train
 
 

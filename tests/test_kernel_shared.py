@@ -107,7 +107,7 @@ def test_loss_equals_the_exact_estimator_with_proposal_q_bar(kind, remove_hits):
     torch.manual_seed(1)
     ids, log_q, _ = layer.draw(hidden)
     assert ids.shape == log_q.shape == (m,)  # one set of m for the batch
-    log_q_bar = layer.sampler.tree.log_q_all_mixture(layer.sampler.mixture_query(query))  # (n,)
+    log_q_bar = layer.sampler.tree.log_q_all_mixture(layer.sampler.tree.mixture(query))  # (n,)
     torch.testing.assert_close(log_q, log_q_bar[ids])
     torch.testing.assert_close(layer.target_log_q(query, target), log_q_bar[target].unsqueeze(1))
     torch.manual_seed(1)
@@ -153,7 +153,7 @@ def test_unique_draws_work_with_a_shared_kernel_proposal():
     hidden = torch.randn(7, 5)
     ids, log_q, tries = layer.draw(hidden)
     assert ids.unique().numel() == 10 and tries >= 10
-    log_q_bar = layer.sampler.tree.log_q_all_mixture(layer.sampler.mixture_query(layer.query(hidden)))
+    log_q_bar = layer.sampler.tree.log_q_all_mixture(layer.sampler.tree.mixture(layer.query(hidden)))
     torch.testing.assert_close(log_q, log_q_bar[ids])
     assert torch.isfinite(layer.loss(hidden, torch.arange(7)))
 
@@ -169,18 +169,17 @@ def test_configs_default_to_per_example_and_switch_to_shared(name):
     assert ids.shape == log_q.shape == (output.num_samples,)
 
 
-def test_the_mixture_query_is_reused_only_for_the_same_queries_and_tree():
+def test_one_proposal_per_step_holds_the_batch_mixture():
     sampler = RFFSampler(D=16, seed=0)
     sampler.share_negatives(True)
     weight = torch.randn(40, 5)
     sampler.update(weight)
     hidden = torch.randn(6, 5)
-    psi = sampler.mixture_query(hidden)
-    assert sampler.mixture_query(hidden.detach()) is psi  # the same queries: the draw, then log q of the targets
-    hidden += 1.0  # changed in place
-    assert not torch.equal(sampler.mixture_query(hidden), psi)
-    again = sampler.mixture_query(hidden)
+    proposal = sampler.propose(hidden)  # the step's proposal: its draws and its targets' log q-bar
+    torch.testing.assert_close(proposal.psi, sampler.tree.mixture(hidden))
+    ids, log_q = proposal.sample(30)
+    torch.testing.assert_close(log_q, proposal.log_q(ids))
+    torch.testing.assert_close(proposal.log_q(ids), sampler.tree.log_q_mixture(proposal.psi, ids))
     weight[3] += 1.0
-    sampler.update(weight, torch.tensor([3]))  # the tree changed
-    torch.testing.assert_close(sampler.mixture_query(hidden), sampler.tree.mixture(hidden))
-    assert sampler.mixture_query(hidden) is not again
+    sampler.update(weight, torch.tensor([3]))  # the tree changed: the next step's proposal follows it
+    torch.testing.assert_close(sampler.propose(hidden).psi, sampler.tree.mixture(hidden))

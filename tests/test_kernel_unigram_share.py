@@ -7,7 +7,7 @@ import torch
 
 from lmtrain.sampler import QuadraticSampler, RFFSampler
 from lmtrain.sampler.kernel import sampler as kernel_sampler
-from lmtrain.sampler.kernel import unigram_share
+from lmtrain.sampler.kernel import tree as kernel_tree
 from tests.test_kernel_shared import assert_draws_follow, queries
 from tests.test_kernel_tree import augmented
 
@@ -28,7 +28,7 @@ def make_sampler(kind: str, share: float, shared: bool = False) -> RFFSampler | 
 @pytest.mark.parametrize("walk", [False, True], ids=["dense", "walk"])
 @pytest.mark.parametrize("kind", ["quadratic", "rff"])
 def test_per_example_draws_follow_the_mixture_and_log_q_matches(kind, walk, monkeypatch):
-    if walk:  # force the tree walk (the unigram draws' kernel log q then comes from kernel_log_q)
+    if walk:  # force the tree walk (the unigram draws' kernel log q then comes from log_q_many)
         monkeypatch.setattr(kernel_sampler.KernelTree, "dense_draw_pays", lambda *args: False)
     sampler = make_sampler(kind, share=0.33)
     query = queries(2, DIM, seed=5)
@@ -58,11 +58,11 @@ def test_batch_shared_draws_follow_the_mixture(kind):
 
 
 def test_kernel_log_q_through_bucket_reach_equals_the_path_reads(monkeypatch):
-    monkeypatch.setattr(unigram_share, "GATHER_COST", 1e9)  # always through _log_reach
+    monkeypatch.setattr(kernel_tree, "GATHER_COST", 1e9)  # always through _log_reach
     sampler = make_sampler("rff", share=0.25)
     query = queries(2, DIM, seed=5)
     some = torch.tensor([[0, 5, 5, 77, N_CLASSES - 1], [3, 3, 64, 65, 119]])
-    torch.testing.assert_close(unigram_share.kernel_log_q(sampler.tree, query, some), sampler.tree.log_q(query, some))
+    torch.testing.assert_close(sampler.tree.log_q_many(query, some), sampler.tree.log_q(query, some))
 
 
 def test_unigram_share_zero_is_the_plain_kernel_and_bad_values_are_refused():

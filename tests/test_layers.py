@@ -1,5 +1,5 @@
-"""The import graph runs one way (docs/architecture.md): entries -> cli -> training -> (model, output -> sampler),
-data apart, tools above training, study above tools."""
+"""The import graph runs one way (docs/architecture.md): entries -> cli -> config -> training -> (model,
+output -> sampler), data apart, tools above config, study above tools."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import lmtrain
 ROOT = Path(lmtrain.__file__).parent
 # the layers each layer may import (besides itself)
 ALLOWED = {
-    "entry": {"cli", "training", "tools"},
+    "entry": {"cli", "config", "training", "tools"},
     "cli": {"training", "data"},
-    "tools": {"cli", "training", "output", "sampler", "model", "data"},
+    "tools": {"cli", "config", "training", "output", "sampler", "model", "data"},
+    "config": {"training", "output", "data"},
     "study": {"tools", "training"},  # studies run `python -m lmtrain` processes and read their folders
     "training": {"model", "output", "sampler", "data"},
     "output": {"sampler"},

@@ -8,11 +8,11 @@ import lightning as L
 import pytest
 import torch
 
+from lmtrain.config.validate import ConfigError, check_config
 from lmtrain.output.sampled.base import SampledOutput
 from lmtrain.sampler.kernel.sampler import KernelSampler
 from lmtrain.sampler.precision import autocast_on, float32_region, in_float32
 from lmtrain.tools.trained import load_model
-from lmtrain.training.checks import ConfigError, check_config
 from tests.conftest import TINY, make_config
 from tests.test_output_contract import DIM, NUM_CLASSES, OUTPUTS, build
 

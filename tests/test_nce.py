@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 
-from lmtrain.cli.overrides import CONF_DIR
+from lmtrain.config import CONF_DIR
 from lmtrain.output import NCE, NegativeSampling
 from lmtrain.sampler import SoftmaxSampler, UniformSampler, UnigramSampler
 from lmtrain.training.build import build_output

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmtrain.cli.overrides import choices, compose_config
+from lmtrain.config import choices, compose_config
 from lmtrain.training.build import build_output
 
 NUM_CLASSES, DIM, N = 60, 8, 12

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from lmtrain.training.assemble import build_module
+from lmtrain.training.build import build_module
 from lmtrain.training.run import train
 
 

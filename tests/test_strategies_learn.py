@@ -30,7 +30,7 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from lmtrain.cli.overrides import CONF_DIR
+from lmtrain.config.store import CONF_DIR
 from lmtrain.training.run import train
 from tests.conftest import TINY, make_config
 

@@ -9,7 +9,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from lmtrain.cli.failures import run_guarded
-from lmtrain.cli.overrides import CONF_DIR
+from lmtrain.config import CONF_DIR
 from lmtrain.tools.results import read_metrics
 from lmtrain.training.run import train
 from tests.cli_runs import (

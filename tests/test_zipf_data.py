@@ -8,7 +8,7 @@ import pytest
 import torch
 from scipy.stats import chi2
 
-from lmtrain.cli.overrides import CONF_DIR
+from lmtrain.config import CONF_DIR
 from lmtrain.data import DataError, LMDataModule, ZipfDataModule, ZipfTopicSource, zipf_topic_corpus
 from lmtrain.data.synthetic import zipf_probs
 from lmtrain.data.zipf_topics import ZipfTopicOptions

@@ -51,7 +51,7 @@ def run_guarded(
     """Run `train`; a failure marks the W&B run failed. A known failure prints one line (single run: exit 2);
     in a sweep every failure ends only its job (logged, with the traceback for unknown ones) and the sweep goes on.
     A single run that failed before it wrote anything of value removes its run folder (see ``RunFolder``)."""
-    from lmtrain.training.module import NonFiniteLossError
+    from lmtrain.training.step import NonFiniteLossError
 
     try:
         return train(cfg)

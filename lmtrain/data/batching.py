@@ -73,16 +73,13 @@ class StreamSampler(Sampler[int]):
 
     ``len()`` is always the full ``num_windows``; a pass from ``start`` yields ``num_windows - start``.
 
-    ``fetched`` counts the windows handed out in the current pass (including the skipped ``start``);
-    a loader that prefetches (Lightning does, one batch) runs ahead of the training step, so resume
-    from the loop's own batch counter: ``set_start(batch_idx + 1)``. ``state_dict`` /
-    ``load_state_dict`` carry ``start`` (and report ``fetched``).
+    A loader that prefetches (Lightning does, one batch) runs ahead of the training step, so resume
+    from the loop's own batch counter: ``set_start(batch_idx + 1)``.
     """
 
     def __init__(self, num_windows: int, start: int = 0) -> None:
         self.num_windows = num_windows
         self.start = 0
-        self.fetched = 0
         self.set_start(start)
 
     def set_start(self, window_index: int) -> None:
@@ -103,23 +100,7 @@ class StreamSampler(Sampler[int]):
         # read once: a loader may stop by count without exhausting this generator (Lightning does when
         # it resumes mid-epoch), so the reset cannot wait for the end of the pass
         start, self.start = self.start, 0
-        self.fetched = start
-        for index in range(start, self.num_windows):
-            self.fetched = index + 1
-            yield index
-
-    def state_dict(self) -> dict[str, int]:
-        """``{"start", "fetched", "num_windows"}``."""
-        return {"start": self.start, "fetched": self.fetched, "num_windows": self.num_windows}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Restore ``start`` (checked against this layout's number of windows)."""
-        if state.get("num_windows", self.num_windows) != self.num_windows:
-            raise DataError(
-                f"saved data position is for {state['num_windows']} windows per epoch, this run has "
-                f"{self.num_windows}: resume with the same data, batch_size and bptt."
-            )
-        self.set_start(state["start"])
+        yield from range(start, self.num_windows)
 
 
 class StreamLoader(DataLoader):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning as L
 import torch
@@ -30,6 +30,8 @@ class LMDataModule(L.LightningDataModule):
     shape (B, T) in stream order. Under DDP (``trainer.world_size > 1``) each rank keeps its
     contiguous block of the global batch's rows, so N ranks together see what one process sees.
     """
+
+    runtime_args: ClassVar[tuple[str, ...]] = ()  # built from its config alone
 
     def __init__(self, batch_size: int = 20, bptt: int = 35, eval_batch_size: int = 10) -> None:
         super().__init__()
@@ -155,8 +157,6 @@ class SyntheticDataModule(LMDataModule):
     data config, and unused.
     """
 
-    Options = SyntheticOptions  # the source's keys (``lmtrain.training.build.constructor_params`` reads them)
-
     def __init__(
         self,
         batch_size: int = 32,
@@ -180,8 +180,6 @@ class ZipfDataModule(LMDataModule):
     an exact ``entropy_rate``. Generated in memory on every setup (about a second for 10^5 types and 1.2M tokens,
     a few seconds for 10^6 types); ``cache_dir`` is accepted, like in every data config, and unused.
     """
-
-    Options = ZipfTopicOptions  # the source's keys (``lmtrain.training.build.constructor_params`` reads them)
 
     def __init__(
         self,

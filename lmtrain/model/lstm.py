@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from torch import Tensor, nn
 
@@ -20,6 +20,9 @@ class LSTMEncoder(nn.Module):
     clipping and update cost more than the rest of the step). ``"auto"`` is resolved by the app from the optimizer
     (``lmtrain.training.optim.sparse_rows_match_dense``); constructed directly it means dense.
     """
+
+    # the run-time values lmtrain.training.build passes besides the config
+    runtime_args: ClassVar[tuple[str, ...]] = ("num_classes",)
 
     def __init__(
         self,

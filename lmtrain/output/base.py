@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import Tensor, nn
 
@@ -21,6 +23,9 @@ class OutputLayer(nn.Module):
     Under mixed precision (autocast) every subclass's ``log_prob``, ``log_probs_all`` and ``extra_metrics`` run in
     float32 (``lmtrain.sampler.precision``): exact evaluation never passes through bfloat16.
     """
+
+    # the run-time values lmtrain.training.build passes besides the config
+    runtime_args: ClassVar[tuple[str, ...]] = ("num_classes", "dim")
 
     num_classes: int
     loss_is_nll: bool = False  # True when `loss` is the exact mean -log p: then exp(loss) is a perplexity

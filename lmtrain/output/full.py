@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmtrain.output.base import OutputLayer, initial_bias
-from lmtrain.output.exact import chunked_logsumexp
+from lmtrain.output.logsumexp import chunked_logsumexp
 
 
 class FullSoftmax(OutputLayer):
@@ -18,6 +18,8 @@ class FullSoftmax(OutputLayer):
     ``log_prob`` normalizes in vocabulary chunks of ``eval_chunk`` classes so that n = 10^6 fits.
     ``bias_init`` is ``zero`` or ``log_unigram`` (the biases start at the log training unigram, ``counts``).
     """
+
+    runtime_args: ClassVar[tuple[str, ...]] = ("num_classes", "dim", "counts")
 
     loss_is_nll = True
 

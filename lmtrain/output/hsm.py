@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
@@ -32,6 +32,8 @@ class HierarchicalSoftmax(OutputLayer):
     arrays are non-persistent buffers of ``self.layout`` (``lmtrain.output.hsm_layouts``), rebuilt from ``counts``
     in ``__init__``, never saved.
     """
+
+    runtime_args: ClassVar[tuple[str, ...]] = ("num_classes", "dim", "counts")
 
     loss_is_nll = True
 

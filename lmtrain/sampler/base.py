@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from lmtrain.sampler.precision import wrap_methods
+from lmtrain.sampler.proposal import BoundProposal, Proposal
 
 
 class Sampler(nn.Module):
@@ -27,11 +29,20 @@ class Sampler(nn.Module):
     float32 (``lmtrain.sampler.precision``): log q and a kernel tree's node sums never pass through bfloat16.
     """
 
+    # the run-time values lmtrain.training.build passes besides the config
+    runtime_args: ClassVar[tuple[str, ...]] = ("num_classes",)
+
     per_example: bool = False
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
-        wrap_methods(cls, ("sample", "log_q", "log_q_all", "update"))
+        wrap_methods(cls, ("propose", "sample", "log_q", "log_q_all", "update"))
+
+    def propose(self, hidden: Tensor | None, inputs: Tensor | None = None) -> Proposal:
+        """This step's proposal for the queries ``hidden`` (N, d') and input tokens ``inputs`` (N,): built once per
+        step, it draws the negatives and gives the targets' log q (the default binds the context to ``sample``
+        and ``log_q``; a sampler with work to share between the two returns its own ``Proposal``)."""
+        return BoundProposal(self, hidden, inputs)
 
     def sample(self, hidden: Tensor | None, num_samples: int, inputs: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Draw ``num_samples`` ids (with replacement); return (ids, log_q) of equal shape."""

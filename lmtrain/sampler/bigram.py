@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import Tensor
 
@@ -26,6 +28,8 @@ class BigramSampler(Sampler):
     beyond). All tables are O(training tokens), rebuilt from ``train_ids`` at construction (non-persistent
     buffers: never in checkpoints) and follow the module's device.
     """
+
+    runtime_args: ClassVar[tuple[str, ...]] = ("num_classes", "train_ids")
 
     per_example = True
 

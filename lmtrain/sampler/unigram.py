@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import Tensor
 
@@ -21,6 +23,8 @@ class UnigramSampler(Sampler):
     The table is built without Python loops over classes; its bucket thresholds are integers, so the
     distribution actually sampled is known exactly and ``log_q`` returns exactly that distribution.
     """
+
+    runtime_args: ClassVar[tuple[str, ...]] = ("num_classes", "counts")
 
     per_example = False
 

@@ -5,7 +5,7 @@
 For ``positions`` held-out positions (validation split, after carrying the LSTM state through ``windows``
 windows), each proposal q named in ``sampler=`` (lmtrain/conf/sampler/*.yaml; ``sampler.KEY=VALUE`` sets an option of
 the samplers that have it) is attached to the checkpoint's output layer and, for each m in
-``output.num_samples=``, ``draws`` sampled gradients per position give the relative bias (lmtrain.tools.diagnostics).
+``output.num_samples=``, ``draws`` sampled gradients per position give the relative bias (lmtrain.tools.estimator_bias).
 A full-softmax checkpoint is diagnosed as the sampled softmax of the same logits. Writes diagnose.json,
 diagnose.md and bias_vs_samples.png to ``out`` (default RUN/diagnose) and prints the table.
 """
@@ -22,12 +22,13 @@ from typing import Any
 import torch
 
 from lmtrain.cli.failures import fail
-from lmtrain.cli.overrides import choices, compose_config
+from lmtrain.config import choices, compose_config
 from lmtrain.output import FullSoftmax, SampledSoftmax
 from lmtrain.sampler import UniformSampler
-from lmtrain.tools.diagnostics import all_logits, gradient_bias, hidden_spread, proposal_kl
+from lmtrain.tools.estimator_bias import all_logits, gradient_bias, hidden_spread, proposal_kl
 from lmtrain.tools.trained import load_model, parse_options, resolve_checkpoint
-from lmtrain.training.build import build
+from lmtrain.training.build import Runtime, build
+from lmtrain.training.step import carry
 
 DEFAULTS: dict[str, str] = {
     "ckpt_path": "",
@@ -59,9 +60,9 @@ def held_out_positions(datamodule: Any, module: Any, windows: int, positions: in
     for index, (inputs, target) in enumerate(datamodule.val_dataloader()):
         if index >= windows:
             break
-        out, state = module.encoder(inputs, state)  # (B, T, d)
+        out, state = carry(module.encoder, inputs, state)  # (B*T, d), as the run's evaluation reads it
         if index > 0:
-            hidden.append(out.reshape(-1, out.shape[-1]))
+            hidden.append(out)
             targets.append(target.reshape(-1))
             tokens.append(inputs.reshape(-1))
     if not hidden:
@@ -85,10 +86,10 @@ def as_sampled_softmax(output: Any) -> SampledSoftmax:
     )
 
 
-def build_sampler(name: str, overrides: list[str], runtime: dict[str, Any]) -> Any:
+def build_sampler(name: str, overrides: list[str], runtime: Runtime) -> Any:
     keys = set(compose_config([f"sampler={name}"]).sampler)
     own = [o for o in overrides if o.split("=", 1)[0].removeprefix("sampler.") in keys]
-    return build(compose_config([f"sampler={name}", *own]).sampler, **runtime)
+    return build(compose_config([f"sampler={name}", *own]).sampler, runtime)
 
 
 def diagnose(argv: list[str]) -> dict[str, Any]:
@@ -99,19 +100,12 @@ def diagnose(argv: list[str]) -> dict[str, Any]:
     output = as_sampled_softmax(module.output)
     hidden, target, inputs = held_out_positions(datamodule, module, int(options["windows"]), int(options["positions"]))
     log_p = torch.log_softmax(all_logits(output, hidden).detach(), dim=1).double()  # (P, n)
-    runtime = {
-        "num_classes": output.num_classes,
-        "dim": output.dim,
-        "counts": datamodule.counts,
-        "train_ids": datamodule.train_ids,
-    }
+    runtime = Runtime(output.num_classes, output.dim, datamodule.counts, datamodule.train_ids)
     samplers = options["sampler"].split(",")
     sizes = [int(m) for m in options["output.num_samples"].split(",")]
     rows = []
     for name in samplers:
-        output.sampler = build_sampler(name, sampler_overrides, runtime)
-        output.sampler.use_scores(output.score)
-        output.sampler.update(output.weight.detach())
+        output.attach(build_sampler(name, sampler_overrides, runtime))
         query = output.query(hidden).detach()
         kl = proposal_kl(log_p, output.sampler.log_q_all(query, output.num_classes, inputs).double())  # (P,)
         for m in sizes:

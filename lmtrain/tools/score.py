@@ -28,6 +28,7 @@ from lmtrain.data.errors import DataError
 from lmtrain.data.vocab import Vocabulary
 from lmtrain.tools.trained import load_trained, parse_options
 from lmtrain.training.module import LanguageModel
+from lmtrain.training.step import window_log_prob
 
 DEFAULTS: dict[str, str] = {"ckpt_path": "", "file": "", "out": "", "device": "auto"}
 WINDOW = 256  # positions per forward pass (bounds the output layer's memory); the state is carried across
@@ -74,8 +75,9 @@ def stream_log_probs(module: LanguageModel, stream: Tensor, device: torch.device
     for start in range(0, stream.numel() - 1, window):
         targets = stream[start + 1 : start + window + 1]
         inputs = stream[start : start + targets.numel()]
-        hidden, state = module.encoder(inputs[None].to(device), state)  # (1, T, d)
-        parts.append(module.output.log_prob(hidden[0], targets.to(device)).double().cpu())  # (T,)
+        batch = (inputs[None].to(device), targets[None].to(device))  # (1, T)
+        log_p, _, state = window_log_prob(module.encoder, module.output, batch, state)
+        parts.append(log_p.double().cpu())  # (T,)
     return torch.cat(parts)
 
 

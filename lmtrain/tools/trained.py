@@ -18,8 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lmtrain.data.errors import DataError
 from lmtrain.data.vocab import VOCAB_FILE, Vocabulary
-from lmtrain.training.assemble import build_model, build_module
-from lmtrain.training.build import needs_train_ids
+from lmtrain.training.build import build_model, build_module, needs_train_ids
 from lmtrain.training.checkpoints import CheckpointError, check_compatible, read_checkpoint
 from lmtrain.training.module import LanguageModel
 

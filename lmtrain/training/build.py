@@ -1,93 +1,84 @@
-"""Build parts from `_target_` configs, passing only the run-time sizes each constructor accepts."""
+"""Building from the config: a part is ``instantiate(cfg)`` plus the run-time values its class declares, and the
+model is the data module and the LanguageModel (encoder + output strategy), for training (``lmtrain.training.run``)
+and for the tools that load a trained run (``lmtrain.tools.trained``).
+
+Every part class names the values it takes from the data and the model in ``runtime_args`` (``num_classes``,
+``dim``, ``counts``, ``train_ids``, ``sampler``); the config holds everything else (``lmtrain/config/``).
+"""
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
-import sys
-import typing
+from dataclasses import dataclass
 from typing import Any
 
+import lightning as L
 from hydra.utils import get_class, instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 
-# the values lmtrain passes to constructors at run time (from the data and the model), never read from the config
-RUNTIME_ARGS = ("num_classes", "dim", "counts", "train_ids", "sampler")
+from lmtrain.training.module import LanguageModel
+from lmtrain.training.optim import sparse_rows_match_dense
 
 
-def _hints(function: Any, module: str) -> dict[str, Any]:
-    """``function``'s parameter annotations as types; one that cannot be evaluated is ``Any``."""
-    try:
-        return typing.get_type_hints(function)
-    except Exception:  # e.g. a name imported only for type checkers: evaluate the annotations one by one
-        names = vars(sys.modules[module]) if module in sys.modules else {}
-        hints = {}
-        for name, param in inspect.signature(function).parameters.items():
-            annotation = param.annotation
-            if isinstance(annotation, str):
-                try:
-                    annotation = eval(annotation, dict(names))  # noqa: S307 (the library's own annotation)
-                except Exception:
-                    annotation = Any
-            hints[name] = Any if annotation is inspect.Parameter.empty else annotation
-        return hints
+@dataclass
+class Runtime:
+    """The values lmtrain passes to constructors at run time (from the data and the model), never read from the
+    config: the vocabulary size, the hidden size, the training counts and token stream, the built sampler."""
+
+    num_classes: int
+    dim: int = 0
+    counts: Tensor | None = None
+    train_ids: Tensor | None = None
+    sampler: Any = None
 
 
-def constructor_params(cls: type) -> tuple[dict[str, Any], bool]:
-    """The keyword parameters ``cls(...)`` takes, with their annotated types, and whether it takes any keyword.
-
-    A constructor with ``**kwargs`` forwards them to its base class, so the named parameters along the
-    class hierarchy count, up to the first constructor without ``**kwargs``; open is True when there is none.
-    A class whose ``Options`` is a dataclass (the sampled strategies) takes that dataclass's fields as its
-    ``**options``.
-    """
-    params: dict[str, Any] = {}
-    options = getattr(cls, "Options", None)
-    for klass in cls.__mro__:
-        if "__init__" not in vars(klass) or klass is object:
-            continue
-        signature = inspect.signature(klass.__init__).parameters
-        hints = _hints(klass.__init__, klass.__module__)
-        for name, param in signature.items():
-            if name != "self" and param.kind not in (param.VAR_KEYWORD, param.VAR_POSITIONAL):
-                params.setdefault(name, hints.get(name, Any))
-        if not any(p.kind is p.VAR_KEYWORD for p in signature.values()):
-            return params, False
-        if isinstance(options, type) and dataclasses.is_dataclass(options):
-            option_hints = typing.get_type_hints(options)
-            return {**params, **{f.name: option_hints[f.name] for f in dataclasses.fields(options)}}, False
-    return params, True
+def runtime_args(target: str) -> tuple[str, ...]:
+    """The run-time values the class ``target`` declares (``runtime_args``; none when it declares nothing)."""
+    return tuple(getattr(get_class(target), "runtime_args", ()))
 
 
-def accepted(target: str, runtime: dict[str, Any]) -> dict[str, Any]:
-    """The subset of `runtime` kwargs that `target`'s __init__ takes (see :func:`constructor_params`)."""
-    names = constructor_params(get_class(target))[0]
-    return {k: v for k, v in runtime.items() if k in names}
-
-
-def build(cfg: DictConfig, **runtime: Any) -> Any:
-    """instantiate(cfg) with the run-time kwargs its target accepts; config values win over nothing else."""
-    return instantiate(cfg, **accepted(cfg._target_, runtime), _convert_="all")
+def build(cfg: DictConfig, runtime: Runtime, **resolved: Any) -> Any:
+    """The part ``cfg`` describes: its ``_target_`` built from the config (with the ``resolved`` values in place of
+    the config's, e.g. a ``sparse_embedding: auto``) and the run-time values its class declares."""
+    values = {name: getattr(runtime, name) for name in runtime_args(str(cfg._target_))}
+    return instantiate(cfg, **values, **resolved, _convert_="all")
 
 
 def build_output(cfg: DictConfig, num_classes: int, dim: int, counts: Tensor, train_ids: Tensor | None = None) -> Any:
-    """The sampler (if the config has one) and then the output strategy that uses it. Each gets the run-time
-    values its constructor names: ``num_classes``, ``dim``, ``counts`` (training counts per class) and
-    ``train_ids`` (the training token stream, e.g. for a bigram proposal)."""
-    runtime: dict[str, Any] = {"num_classes": num_classes, "dim": dim, "counts": counts, "train_ids": train_ids}
-    sampler_cfg = cfg.get("sampler")
-    if sampler_cfg is not None:
-        target_params = inspect.signature(get_class(cfg.output._target_).__init__).parameters
-        if "sampler" not in target_params:
+    """The sampler (if the config has one) and then the output strategy that uses it."""
+    runtime = Runtime(num_classes, dim, counts, train_ids)
+    if cfg.get("sampler") is not None:
+        if "sampler" not in runtime_args(str(cfg.output._target_)):
             raise ValueError(
                 f"output {cfg.output._target_.rsplit('.', 1)[-1]} takes no sampler; drop the sampler=... override"
             )
-        runtime["sampler"] = build(sampler_cfg, **runtime)
-    return build(cfg.output, **runtime)
+        runtime.sampler = build(cfg.sampler, runtime)
+    return build(cfg.output, runtime)
 
 
 def needs_train_ids(cfg: DictConfig) -> bool:
     """Whether the output strategy or its sampler is built from the training token stream (``train_ids``)."""
     parts = [part for part in (cfg.output, cfg.get("sampler")) if part is not None]
-    return any(accepted(part._target_, {"train_ids": None}) for part in parts)
+    return any("train_ids" in runtime_args(str(part._target_)) for part in parts)
+
+
+def build_model(cfg: DictConfig) -> tuple[L.LightningDataModule, LanguageModel]:
+    """The data module (set up) and the LanguageModel (encoder + output strategy) that ``cfg`` describes."""
+    datamodule = instantiate(cfg.data)
+    datamodule.setup()
+    return datamodule, build_module(cfg, datamodule.num_classes, datamodule.counts, datamodule.train_ids)
+
+
+def build_module(cfg: DictConfig, num_classes: int, counts: Tensor, train_ids: Tensor | None) -> LanguageModel:
+    """The LanguageModel of ``cfg`` for a vocabulary of ``num_classes`` with these training ``counts`` (and training
+    stream, for strategies built from it); ``module.signature`` is what a checkpoint must match to be loaded."""
+    optim = OmegaConf.to_container(cfg.optim, resolve=True)
+    sparse = cfg.model.get("sparse_embedding")
+    resolved = {"sparse_embedding": sparse_rows_match_dense(optim)} if sparse == "auto" else {}
+    encoder = build(cfg.model, Runtime(num_classes), **resolved)
+    output = build_output(cfg, num_classes, encoder.output_dim, counts, train_ids)
+    module = LanguageModel(encoder, output, optim, cfg.loss_reduction)
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    model.pop("sparse_embedding", None)  # how gradients are stored, not what the weights are: any checkpoint fits
+    module.signature = {"num_classes": num_classes, "output": cfg.output._target_, "model": model}
+    return module

@@ -11,14 +11,13 @@ from lmtrain.model import State
 from lmtrain.output import OutputLayer
 from lmtrain.sampler.precision import float32_region
 from lmtrain.training.ddp import ddp_ignored, global_state, mean_over_ranks, rank_block
-from lmtrain.training.optim import build_optimizer, clip_grad_norm
+from lmtrain.training.optim import build_optimizer
 from lmtrain.training.rng import get_rng_states, set_rng_states
 from lmtrain.training.schedule import build_scheduler
+from lmtrain.training.step import NonFiniteLossError, after_update, clip_gradients, window_log_prob, window_loss
 from lmtrain.training.step_metrics import StepMetrics
 
-
-class NonFiniteLossError(RuntimeError):
-    """Training produced a NaN or infinite loss; raised before the bad step touches the weights."""
+__all__ = ["LanguageModel", "NonFiniteLossError"]
 
 
 class LanguageModel(StepMetrics):
@@ -43,28 +42,16 @@ class LanguageModel(StepMetrics):
         self._continue_epoch = False
         self._restore_rng: dict[str, Any] | None = None
 
-    # --- one window ----------------------------------------------------------------------------
-    def _hidden(self, inputs: Tensor, split: str) -> Tensor:
-        state = self._state[split]
-        if state is not None and state[0].shape[1] != inputs.shape[0]:
-            state = None  # a different batch layout (e.g. after resuming with another batch size)
-        hidden, state = self.encoder(inputs, state)  # (B, T, d)
-        self._state[split] = (state[0].detach(), state[1].detach())
-        return hidden.reshape(-1, hidden.shape[-1])  # (B*T, d)
-
+    # --- one window (lmtrain.training.step) ----------------------------------------------------------
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        inputs, targets = batch
-        loss = self.output.loss(self._hidden(inputs, "train"), targets.reshape(-1), inputs=inputs.reshape(-1))
-        if not torch.isfinite(loss):
-            raise NonFiniteLossError(
-                f"training loss became {loss.item()} at global step {self.global_step} "
-                f"(epoch {self.current_epoch}, batch {batch_idx}); lower optim.lr or check the data"
-            )
+        where = f" at global step {self.global_step} (epoch {self.current_epoch}, batch {batch_idx})"
+        window = window_loss(self.encoder, self.output, batch, self._state["train"], self.loss_reduction, where)
+        self._state["train"] = window.state
         self._batches_done = batch_idx + 1  # read by checkpoints saved at the end of this batch
-        self.log("train/loss", loss, prog_bar=True, logger=False)  # the progress bar; the loggers: _write_loss
-        self._write_loss(loss.item())
-        self._log_step_metrics(loss, inputs.numel(), self.output.loss_is_nll)
-        return loss * inputs.shape[1] if self.loss_reduction == "sum" else loss
+        self.log("train/loss", window.loss, prog_bar=True, logger=False)  # the progress bar; loggers: _write_loss
+        self._write_loss(window.loss.item())
+        self._log_step_metrics(window.loss, batch[0].numel(), self.output.loss_is_nll)
+        return window.objective
 
     def on_train_epoch_start(self) -> None:
         if self._continue_epoch:  # resumed mid-epoch (Lightning may or may not call this hook then)
@@ -80,13 +67,9 @@ class LanguageModel(StepMetrics):
 
     # --- exact evaluation --------------------------------------------------------------------------
     def _eval_step(self, batch: tuple[Tensor, Tensor], split: str) -> None:
-        """Exact log-probabilities of one window, in float32 also under mixed precision: the encoder and the
-        output run with autocast off, so that validation and test perplexity are the float32 evaluation of the
-        weights whatever ``trainer.precision`` trained them with."""
-        inputs, targets = batch
+        """Exact log-probabilities of one window, in float32 also under mixed precision (``window_log_prob``)."""
+        log_p, hidden, self._state[split] = window_log_prob(self.encoder, self.output, batch, self._state[split])
         with float32_region():
-            hidden = self._hidden(inputs, split)
-            log_p = self.output.log_prob(hidden, targets.reshape(-1))  # (B*T,)
             extra = self.output.extra_metrics(hidden)
         for name, value in extra.items():  # e.g. NCE's mean ln Z
             self.log(f"{split}/{name}", value, on_epoch=True, batch_size=hidden.shape[0], sync_dist=True)
@@ -146,12 +129,11 @@ class LanguageModel(StepMetrics):
         return config
 
     def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
-        if self.optim.get("clip"):
-            clip_grad_norm(self.parameters(), self.optim["clip"])
+        clip_gradients(self.parameters(), self.optim.get("clip"))
 
     def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
         super().optimizer_step(*args, **kwargs)
-        self.output.after_optimizer_step()  # e.g. refresh a kernel sampler's tree from the changed rows
+        after_update(self.output)  # e.g. refresh a kernel sampler's tree from the changed rows
 
     # --- multi-process (DDP) -----------------------------------------------------------------------
     def setup(self, stage: str) -> None:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from lmtrain.training.schedule import ScheduleOptions
 
 _NO_SPARSE_KEYS = ("weight_decay", "momentum")  # options that would touch every output row each step
 
@@ -17,13 +19,14 @@ class OptimOptions:
     """The ``optim`` keys lmtrain reads itself; every other key is passed to the torch optimizer named by ``name``
     (``torch_optimizer``), so it must be one of that class's arguments (momentum, betas, eps, nesterov, ...)."""
 
-    name: Literal["sgd", "adagrad", "adam"]
-    lr: float
-    clip: float | None = None  # global gradient-norm clip; null = off
-    weight_decay: float = 0.0
+    name: str = field(metadata={"choices": ("sgd", "adagrad", "adam")})
+    lr: float = field(metadata={"above": 0})
+    clip: float | None = field(default=None, metadata={"above": 0})  # global gradient-norm clip; null = off
+    weight_decay: float = field(default=0.0, metadata={"at_least": 0})
     sparse_lr: float | None = None  # learning rate of the sparse output rows (default lr)
-    sparse_optimizer: Literal["sparse_adam", "adagrad"] = "sparse_adam"  # adam: the optimizer of the sparse rows
-    schedule: dict[str, Any] | None = None  # lmtrain.training.schedule.ScheduleOptions
+    # adam: the optimizer of the sparse rows
+    sparse_optimizer: str = field(default="sparse_adam", metadata={"choices": ("sparse_adam", "adagrad")})
+    schedule: ScheduleOptions | None = None
 
 
 def torch_optimizer(name: str) -> type[torch.optim.Optimizer] | None:
@@ -149,11 +152,6 @@ def _total_norm(tensors: list[Tensor]) -> Tensor:
     if not tensors:
         return torch.zeros(())
     return torch.nn.utils.get_total_norm([t.detach() for t in tensors], foreach=True)
-
-
-def grad_norm(params: Iterable[Tensor]) -> Tensor:
-    """Global L2 norm of all gradients; sparse gradients are coalesced first (duplicates add up)."""
-    return _total_norm(_grad_tensors(params))
 
 
 def clip_grad_norm(params: Iterable[Tensor], max_norm: float) -> Tensor:

@@ -11,11 +11,10 @@ import lightning as L
 from omegaconf import DictConfig, OmegaConf
 
 from lmtrain.data.vocab import Vocabulary
-from lmtrain.training.assemble import build_model
-from lmtrain.training.checks import check_against_data, check_config
+from lmtrain.training.build import build_model
+from lmtrain.training.library_logs import quiet_libraries
 from lmtrain.training.loggers import build_loggers
 from lmtrain.training.loggers.wandb_run import finish_wandb
-from lmtrain.training.noise import quiet_libraries
 from lmtrain.training.run_folder import (
     hydra_context,
     prepare_resume,
@@ -24,7 +23,7 @@ from lmtrain.training.run_folder import (
     run_name,
     write_run_info,
 )
-from lmtrain.training.trainer import build_callbacks, build_trainer, prepare_process
+from lmtrain.training.trainer import build_callbacks, build_trainer, check_against_data, prepare_process
 
 log = logging.getLogger("lmtrain")
 
@@ -32,7 +31,6 @@ log = logging.getLogger("lmtrain")
 def train(cfg: DictConfig) -> dict[str, float]:
     """Train and evaluate one model; returns the final metrics (val/ppl of the best epoch, test/ppl, ...)."""
     started = time.perf_counter()
-    check_config(cfg)  # before anything starts (the command line was checked already; this covers other callers)
     quiet_libraries()
     output_choice, overrides = hydra_context()
     run_dir = Path(str(cfg.run_dir)).resolve()

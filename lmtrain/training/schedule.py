@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 
 @dataclass
 class ScheduleOptions:
-    """The keys of ``optim.schedule``."""
+    """The keys of ``optim.schedule`` and their defaults (also its config schema, ``lmtrain/config/``)."""
 
-    kind: Literal["step", "plateau", "none"] | None = "none"
-    start: int = 0  # step: epochs at the full learning rate before the decay starts
-    decay: float = 0.5  # the factor applied per epoch (step) or per plateau
-    patience: int = 0  # plateau: epochs without a val/ppl improvement before a decay
+    kind: str | None = field(default="none", metadata={"choices": ("step", "plateau", "none", None)})
+    start: int = field(default=0, metadata={"at_least": 0})  # step: epochs at the full lr before the decay
+    decay: float = field(default=0.5, metadata={"above": 0})  # the factor applied per epoch (step) or per plateau
+    patience: int = field(default=0, metadata={"at_least": 0})  # plateau: epochs without a val/ppl improvement
 
 
 @dataclass
@@ -30,17 +30,16 @@ class StepDecay:
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, schedule: dict[str, Any]) -> dict[str, Any] | None:
-    """A Lightning lr_scheduler config for `schedule.kind` in step | plateau | none."""
-    kind = schedule.get("kind", "none")
+    """A Lightning lr_scheduler config for `schedule.kind` in step | plateau | none; a missing key takes its
+    ``ScheduleOptions`` default."""
+    options = ScheduleOptions(**schedule)
+    kind = options.kind
     if kind == "step":
-        rule = StepDecay(int(schedule.get("start", 0)), float(schedule.get("decay", 1.0)))
+        rule = StepDecay(int(options.start), float(options.decay))
         return {"scheduler": torch.optim.lr_scheduler.LambdaLR(optimizer, rule), "interval": "epoch"}
     if kind == "plateau":
         plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(
-            optimizer,
-            mode="min",
-            factor=float(schedule.get("decay", 0.5)),
-            patience=int(schedule.get("patience", 0)),
+            optimizer, mode="min", factor=float(options.decay), patience=int(options.patience)
         )
         return {"scheduler": plateau, "monitor": "val/ppl", "interval": "epoch"}
     if kind in ("none", None):

@@ -67,3 +67,15 @@ def build_trainer(cfg: DictConfig, loggers: list[Logger], callbacks: list[L.Call
         enable_progress_bar=cfg.progress_bar,
         _convert_="all",
     )
+
+
+def check_against_data(cfg: DictConfig, windows: int) -> None:
+    """What needs the data's size: an integer val_check_interval must fit into an epoch of ``windows`` training
+    windows (after limit_train_batches), unless validation counts steps across epochs."""
+    interval, limit = cfg.trainer.get("val_check_interval"), cfg.trainer.get("limit_train_batches")
+    batches = min(windows, limit) if isinstance(limit, int) else int(windows * (1.0 if limit is None else limit))
+    if isinstance(interval, int) and interval > batches and cfg.trainer.get("check_val_every_n_epoch") is not None:
+        raise ValueError(
+            f"trainer.val_check_interval={interval} is more than the {batches} training batches of an epoch: use "
+            "a fraction of the epoch (0.5), or trainer.check_val_every_n_epoch=null to count steps across epochs"
+        )

@@ -9,11 +9,12 @@ import torch
 from torch import Tensor, nn
 
 from lmtrain.output.base import OutputLayer, changed_rows, initial_bias
-from lmtrain.output.exact import chunked_logsumexp
+from lmtrain.output.logsumexp import chunked_logsumexp
 from lmtrain.output.rows import gather_rows
 from lmtrain.output.sampled.estimators import draw_negatives
 from lmtrain.output.sampled.options import BiasOptions, SampledOptions
 from lmtrain.sampler.base import Sampler
+from lmtrain.sampler.proposal import Proposal
 
 # per-example scoring: one dense product with the distinct rows when they number at most this many times m
 # (measured with scripts/bench_output.py --per-example; see docs/strategies.md)
@@ -21,10 +22,12 @@ DENSE_RATIO = 20
 
 
 class Draw(NamedTuple):
-    """One step's negatives, scored: the query vectors, the drawn ids and their log q (``draw``), the number of
-    draws for distinct negatives (else None), and the scores of the targets (N, 1) and of the negatives (N, m)."""
+    """One step's negatives, scored: the query vectors, the proposal, the drawn ids and their log q (``draw``), the
+    number of draws for distinct negatives (else None), and the scores of the targets (N, 1) and of the negatives
+    (N, m)."""
 
     query: Tensor  # (N, d')
+    proposal: Proposal  # the step's proposal: the negatives were drawn from it, the targets' log q comes from it
     ids: Tensor  # (m,) shared or (N, m) per position
     log_q: Tensor  # like ids
     tries: Tensor | None
@@ -44,6 +47,8 @@ class SampledOutput(OutputLayer):
     ``bias_init="log_unigram"`` starts the biases at the log of the smoothed training unigram (``counts``).
     """
 
+    runtime_args: ClassVar[tuple[str, ...]] = ("num_classes", "dim", "sampler", "counts")
+
     Options: ClassVar[type[SampledOptions]] = SampledOptions
     signed_scores: ClassVar[bool] = True  # False where the logit is |o|: then only zero biases make sense
 
@@ -52,24 +57,19 @@ class SampledOutput(OutputLayer):
     ) -> None:
         super().__init__()
         self.options = opts = self.Options(**options)
-        if opts.shared_negatives is not None:
-            sampler.share_negatives(opts.shared_negatives)  # kernel samplers switch mode; the others keep theirs
-        self.shared_negatives = not sampler.per_example if opts.shared_negatives is None else opts.shared_negatives
         self.has_bias = isinstance(opts, BiasOptions) and opts.bias
         if isinstance(opts, BiasOptions) and opts.bias_init != "zero" and not self.signed_scores:
             raise ValueError(
                 f"{type(self).__name__} scores |o|, so its biases start at zero; got bias_init={opts.bias_init!r}"
             )
-        self.check_options(num_classes, sampler)
         self.num_classes, self.dim = num_classes, dim
-        self.sampler = sampler
         self.weight = nn.Parameter(torch.empty(num_classes, dim + int(self.has_bias)))
         nn.init.uniform_(self.weight, -opts.init_range, opts.init_range)
         if self.has_bias:
             with torch.no_grad():
                 self.weight[:, -1] = initial_bias(opts.bias_init, num_classes, counts)
-        self.sampler.use_scores(self.score)  # a softmax proposal is then this model's softmax (any subclass)
-        self.sampler.update(self.weight.detach())
+        self.attach(sampler)
+        self.check_options(num_classes, sampler)
         # derived sampler state (trees) is never stored: rebuild it from the loaded weights
         self.register_load_state_dict_post_hook(lambda module, _: module.sampler.update(module.weight.detach()))
 
@@ -77,6 +77,18 @@ class SampledOutput(OutputLayer):
         out = super()._apply(fn, recurse)  # moves the weight, and the sampler's own buffers (a submodule)
         self.sampler.follow(self.weight.detach())  # a proposal holding the weight follows it to the new device
         return out
+
+    def attach(self, sampler: Sampler) -> None:
+        """Make ``sampler`` this strategy's proposal: the one place that sets its mode (``shared_negatives``: kernel
+        samplers switch, the others keep their only one), gives it the logit function (a softmax proposal is then
+        this model's softmax) and the current class vectors."""
+        shared = self.options.shared_negatives
+        if shared is not None:
+            sampler.share_negatives(shared)
+        self.shared_negatives = not sampler.per_example if shared is None else shared
+        self.sampler = sampler
+        sampler.use_scores(self.score)
+        sampler.update(self.weight.detach())
 
     def check_options(self, num_classes: int, sampler: Sampler) -> None:
         """Checks of the options that need the vocabulary size or the sampler; default none."""
@@ -138,28 +150,36 @@ class SampledOutput(OutputLayer):
         return torch.log_softmax(self.score(self.query(hidden), self.weight), dim=1)  # (N, n), the same scores
 
     # --- training -------------------------------------------------------------------------------
+    def propose(self, query: Tensor, inputs: Tensor | None = None) -> Proposal:
+        """The sampler's proposal for this step, given the query vectors (N, d') and the input tokens (N,)."""
+        return self.sampler.propose(query.detach(), inputs)  # context-free samplers ignore the context
+
     def draw(
-        self, hidden: Tensor, inputs: Tensor | None = None, query: Tensor | None = None
+        self, hidden: Tensor, inputs: Tensor | None = None, proposal: Proposal | None = None
     ) -> tuple[Tensor, Tensor, Tensor | None]:
         """Negatives: ids (m,) shared or (N, m) per example, their log q, and for distinct draws the number of
-        tries (else None). The sampler gets the query vectors (N, d') (``query``, when the caller has built them
-        already) and the input tokens ``inputs`` (N,) as context."""
-        context = (self.query(hidden) if query is None else query).detach()  # (N, d'); context-free samplers ignore it
-        ids, log_q = draw_negatives(self.sampler, self.options.num_samples, context, inputs, self.shared_negatives)
+        tries (else None), from the step's ``proposal`` (built here from ``hidden`` and ``inputs`` when None)."""
+        proposal = self.propose(self.query(hidden), inputs) if proposal is None else proposal
+        positions = hidden.shape[0]
+        ids, log_q = draw_negatives(proposal, self.options.num_samples, positions, self.shared_negatives)
         return ids, log_q, None
 
     def scored_draw(self, hidden: Tensor, target: Tensor, inputs: Tensor | None = None) -> Draw:
-        """``draw`` and the scores of the targets and the negatives, from query vectors built once."""
+        """The step's proposal, ``draw`` and the scores of the targets and the negatives, from query vectors built
+        once."""
         query = self.query(hidden)  # (N, d')
-        ids, log_q, tries = self.draw(hidden, inputs, query)
-        return Draw(
-            query, ids, log_q, tries, self.query_scores(query, target.unsqueeze(1)), self.query_scores(query, ids)
-        )
+        proposal = self.propose(query, inputs)
+        ids, log_q, tries = self.draw(hidden, inputs, proposal)
+        target_score, noise_score = self.query_scores(query, target.unsqueeze(1)), self.query_scores(query, ids)
+        return Draw(query, proposal, ids, log_q, tries, target_score, noise_score)
 
-    def target_log_q(self, query: Tensor, target: Tensor, inputs: Tensor | None = None) -> Tensor:
-        """log q of each position's target (N, 1) under the proposal of that position (query (N, d'), inputs (N,));
-        a batch-shared proposal is the same for every position."""
-        return self.sampler.log_q(query.detach(), target.unsqueeze(1), inputs=inputs)  # (N, 1)
+    def target_log_q(
+        self, query: Tensor, target: Tensor, inputs: Tensor | None = None, proposal: Proposal | None = None
+    ) -> Tensor:
+        """log q of each position's target (N, 1) under the step's ``proposal`` (built from the query vectors
+        (N, d') and ``inputs`` (N,) when None); a batch-shared proposal is the same for every position."""
+        proposal = self.propose(query, inputs) if proposal is None else proposal
+        return proposal.log_q(target.unsqueeze(1))  # (N, 1)
 
     def after_optimizer_step(self) -> None:
         self.sampler.update(self.weight.detach(), changed_rows(self.weight))

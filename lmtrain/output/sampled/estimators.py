@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lmtrain.sampler.base import Sampler
+from lmtrain.sampler.proposal import Proposal
 
 
 def accidental_hits(ids: Tensor, target: Tensor) -> Tensor:
@@ -55,29 +55,24 @@ def logistic_loss(target_logit: Tensor, noise_logit: Tensor) -> Tensor:
     return F.softplus(-target_logit).sum(1) + F.softplus(noise_logit).sum(1)
 
 
-def draw_negatives(
-    sampler: Sampler, num_samples: int, context: Tensor, inputs: Tensor | None, shared: bool
-) -> tuple[Tensor, Tensor]:
+def draw_negatives(proposal: Proposal, num_samples: int, positions: int, shared: bool) -> tuple[Tensor, Tensor]:
     """m negatives and their log q: (N, m) per position, or (m,) for the batch when ``shared`` (or a
-    per-example sampler's own draws); a context-free sampler draws N x m at once for per-position negatives."""
-    if sampler.per_example or shared:
-        return sampler.sample(context, num_samples, inputs=inputs)
-    ids, log_q = sampler.sample(context, context.shape[0] * num_samples)  # (N * m,) context-free
-    return ids.view(context.shape[0], -1), log_q.view(context.shape[0], -1)  # (N, m) each
+    per-example proposal's own draws); a shared proposal draws N x m at once for per-position negatives."""
+    if proposal.per_example or shared:
+        return proposal.sample(num_samples)
+    ids, log_q = proposal.sample(positions * num_samples)  # (N * m,) from one proposal
+    return ids.view(positions, -1), log_q.view(positions, -1)  # (N, m) each
 
 
-def draw_unique(
-    sampler: Sampler, num_samples: int, context: Tensor | None = None, inputs: Tensor | None = None
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Draw from a shared proposal (context-free, or batch-shared given the batch's ``context`` (N, d') and
-    ``inputs`` (N,)) until ``num_samples`` distinct ids are seen.
+def draw_unique(proposal: Proposal, num_samples: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Draw from a shared proposal (context-free, or the batch's) until ``num_samples`` distinct ids are seen.
 
     Returns the distinct ids (m,), their log q (m,), and the number of draws it took (scalar tensor).
     """
     drawn: list[Tensor] = []
     seen = 0
     while seen < num_samples:
-        batch, _ = sampler.sample(context, num_samples, inputs=inputs)
+        batch, _ = proposal.sample(num_samples)
         drawn.append(batch)
         seen = torch.unique(torch.cat(drawn)).numel()
     stream = torch.cat(drawn)  # (T,) all draws in order
@@ -87,4 +82,4 @@ def draw_unique(
     order = first.argsort()[:num_samples]  # the first m distinct ids in draw order
     ids = uniq[order]
     tries = first[order].max() + 1  # draws needed to see m distinct ids
-    return ids, sampler.log_q(context, ids, inputs=inputs), tries.to(torch.get_default_dtype())
+    return ids, proposal.log_q(ids), tries.to(torch.get_default_dtype())

@@ -37,7 +37,7 @@ class NCE(SampledOutput):
 
     def loss(self, hidden: Tensor, target: Tensor, inputs: Tensor | None = None) -> Tensor:
         d = self.scored_draw(hidden, target, inputs)
-        log_q_target = self.target_log_q(d.query, target, inputs)  # (N, 1)
+        log_q_target = self.target_log_q(d.query, target, inputs, d.proposal)  # (N, 1)
         m, log_z = self.options.num_samples, self.log_z_value()
         target_logit = noise_contrast_logits(d.target_score, log_q_target, m, log_z)  # Δ_t (N, 1)
         noise_logit = noise_contrast_logits(d.noise_score, d.log_q, m, log_z)  # Δ_{s_j} (N, m)

@@ -2,13 +2,13 @@
 
 A strategy's constructor takes them as keywords (``SampledSoftmax(n, d, sampler, num_samples=10)``), so the
 config keys users override stay flat (``output.num_samples``); the strategy keeps them as ``self.options``.
-``lmtrain.training.build.constructor_params`` reads a class's ``Options`` fields as its constructor's keys.
+They are also the typed config schemas of these strategies (``lmtrain/config/``): a field's ``metadata`` holds
+what its type cannot say (``choices``, ``at_least``), which the config check reads.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -20,7 +20,7 @@ class SampledOptions:
     ``eval_chunk`` classes per chunk of the exact normalization.
     """
 
-    num_samples: int = 100
+    num_samples: int = field(default=100, metadata={"at_least": 1})
     shared_negatives: bool | None = None
     sparse: bool = True
     init_range: float = 0.1
@@ -36,7 +36,7 @@ class BiasOptions(SampledOptions):
     """A bias per class (``bias``), starting at zero or at the log training unigram (``bias_init``)."""
 
     bias: bool = True
-    bias_init: Literal["zero", "log_unigram"] = "zero"
+    bias_init: str = field(default="zero", metadata={"choices": ("zero", "log_unigram")})
 
 
 @dataclass
@@ -45,7 +45,7 @@ class EstimatorOptions(SampledOptions):
     ``remove_accidental_hits`` masks negatives equal to the target; ``unique`` draws distinct negatives."""
 
     remove_accidental_hits: bool = True
-    correction: Literal["exact", "classic"] = "exact"
+    correction: str = field(default="exact", metadata={"choices": ("exact", "classic")})
     unique: bool = False
 
     def __post_init__(self) -> None:

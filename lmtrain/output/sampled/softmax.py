@@ -17,6 +17,7 @@ from lmtrain.output.sampled.estimators import (
 )
 from lmtrain.output.sampled.options import EstimatorOptions, SoftmaxOptions
 from lmtrain.sampler.base import Sampler
+from lmtrain.sampler.proposal import Proposal
 
 
 class SampledSoftmax(SampledOutput):
@@ -46,16 +47,19 @@ class SampledSoftmax(SampledOutput):
             )
 
     def draw(
-        self, hidden: Tensor, inputs: Tensor | None = None, query: Tensor | None = None
+        self, hidden: Tensor, inputs: Tensor | None = None, proposal: Proposal | None = None
     ) -> tuple[Tensor, Tensor, Tensor | None]:
         if not self.options.unique:
-            return super().draw(hidden, inputs, query)
-        context = (self.query(hidden) if query is None else query).detach()  # (N, d')
-        return draw_unique(self.sampler, self.options.num_samples, context, inputs)
+            return super().draw(hidden, inputs, proposal)
+        proposal = self.propose(self.query(hidden), inputs) if proposal is None else proposal
+        return draw_unique(proposal, self.options.num_samples)
 
     def loss(self, hidden: Tensor, target: Tensor, inputs: Tensor | None = None) -> Tensor:
         d = self.scored_draw(hidden, target, inputs)
-        return self.sampled_nll(d.query, target, d.target_score, d.noise_score, d.ids, d.log_q, d.tries, inputs).mean()
+        nll = self.sampled_nll(
+            d.query, target, d.target_score, d.noise_score, d.ids, d.log_q, d.tries, inputs, d.proposal
+        )
+        return nll.mean()
 
     def sampled_nll(
         self,
@@ -67,9 +71,11 @@ class SampledSoftmax(SampledOutput):
         log_q: Tensor,
         tries: Tensor | None,
         inputs: Tensor | None = None,
+        proposal: Proposal | None = None,
     ) -> Tensor:
         """The per-position sampled-softmax loss (N,) from the logits of the targets (N, 1) and of the drawn
-        ids (N, m) (``draw``'s ids, log q and tries; ``inputs`` as given to ``draw``): the estimator that training
+        ids (N, m) (``draw``'s ids, log q and tries; ``inputs`` and ``proposal`` as given to ``draw``): the estimator
+        that training
         minimises and that ``lmtrain.diagnose`` differentiates with respect to the logits."""
         opts = self.options
         hits = accidental_hits(ids, target)  # (N, m)
@@ -77,7 +83,7 @@ class SampledSoftmax(SampledOutput):
         if tries is not None:  # distinct draws: expected counts
             neg_logits = expected_count_logits(neg_logits, log_q, tries)
         elif opts.correction == "exact" and opts.remove_accidental_hits:
-            log_q_target = self.target_log_q(query, target, inputs).reshape(-1)  # (N,)
+            log_q_target = self.target_log_q(query, target, inputs, proposal).reshape(-1)  # (N,)
             neg_logits = exact_logits(neg_logits, log_q, log_q_target, hits, opts.num_samples)
         else:  # classic, and exact when no negative is removed (the two agree then)
             neg_logits = classic_logits(neg_logits, log_q, opts.num_samples)

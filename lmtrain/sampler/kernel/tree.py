@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor, nn
 
 from lmtrain.sampler.kernel.walk import TreeWalk
 
+GATHER_COST = 4.0  # a node read by a per-id path gather costs ~4x one read by a level's GEMM (PTB shape, 1 thread)
 WALK_COST = 0.5  # walk cost units per dense cost unit; measured at the PTB shape (docs/strategies.md)
 DENSE_MAX_ENTRIES = 1 << 26  # (N, n) log q entries a dense draw may hold (256 MiB in float32)
+
+
+class BucketScores(NamedTuple):
+    """One psi's in-bucket log weights (B, L), filled for the buckets marked ``done`` (B,): a step's table."""
+
+    table: Tensor
+    done: Tensor
 
 
 class KernelTree(TreeWalk):
@@ -25,26 +35,27 @@ class KernelTree(TreeWalk):
     product of the clamped probabilities the walk uses, which ``log_q_mixture`` returns for any ids.
 
     In both modes ``log_q`` follows the same branch probabilities and the same in-bucket normalization as the
-    draws, so it is the exact log-probability of a draw.
+    draws, so it is the exact log-probability of a draw. The per-example methods take the queries' features
+    ``phi`` (``features(query)``) when the caller has them already, the batch-shared ones a ``BucketScores`` of
+    psi: a step's proposal (``lmtrain.sampler.kernel.proposal``) computes each once for its draws and its targets.
     """
 
-    _scored: tuple[Tensor, int, Tensor, Tensor] | None = None  # psi, tree version, in-bucket log weights, done
-
     # --- per example ----------------------------------------------------------------------------
-    def sample(self, query: Tensor, num_samples: int) -> tuple[Tensor, Tensor]:
+    def sample(self, query: Tensor, num_samples: int, phi: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """query (N, d) -> ids (N, m) drawn per example, and their exact log q (N, m)."""
         self._check(query)
         n_query = query.shape[0]
         uniform = torch.rand(self.depth, n_query * num_samples, device=query.device)
-        bucket, log_path = self._descend(self.features(query), num_samples, uniform)  # (W,) each, W = N m
+        phi = self.features(query) if phi is None else phi
+        bucket, log_path = self._descend(phi, num_samples, uniform)  # (W,) each, W = N m
         ids, log_in = self._pick(*self._kernel_log_weights(query, bucket, num_samples))  # (W,) each
         return ids.view(n_query, num_samples), (log_path + log_in).view(n_query, num_samples)
 
-    def sample_dense(self, query: Tensor, num_samples: int) -> tuple[Tensor, Tensor]:
+    def sample_dense(self, query: Tensor, num_samples: int, phi: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """The draws of ``sample`` from the same q, made by computing every class's log q first (``log_q_all``) and
         drawing m ids per row from it: one (N, F) x (F, nodes) product per level and one (N, d) x (d, n) product,
         whatever m. Cheaper than m walks per example when n is small (``dense_draw_pays``)."""
-        log_q = self.log_q_all(query)  # (N, n)
+        log_q = self.log_q_all(query, phi)  # (N, n)
         ids = torch.multinomial(log_q.exp(), num_samples, replacement=True)  # (N, m)
         return ids, log_q.gather(1, ids)
 
@@ -59,7 +70,7 @@ class KernelTree(TreeWalk):
         walk = num_samples * (self.depth * 2 * feats + self.bucket_size * in_features)
         return dense <= WALK_COST * walk and n_query * self.num_classes <= DENSE_MAX_ENTRIES
 
-    def log_q(self, query: Tensor, ids: Tensor) -> Tensor:
+    def log_q(self, query: Tensor, ids: Tensor, phi: Tensor | None = None) -> Tensor:
         """Exact log q of any ids (N, k) under the walk that ``sample`` performs, (N, k)."""
         self._check(query)
         n_query, k = ids.shape
@@ -69,14 +80,29 @@ class KernelTree(TreeWalk):
         log_in = (logk.gather(1, pick).squeeze(1) - torch.logsumexp(logk, 1)).view(n_query, k)
         if self.depth == 0:
             return log_in
-        return self._path_log_q(self.features(query), bucket) + log_in
+        return self._path_log_q(self.features(query) if phi is None else phi, bucket) + log_in
 
-    def log_q_all(self, query: Tensor) -> Tensor:
+    def log_q_many(self, query: Tensor, ids: Tensor, phi: Tensor | None = None) -> Tensor:
+        """``log_q`` of ids (N, k) drawn elsewhere (a kernel proposal's unigram share), through every query's
+        probability of reaching every bucket (one product per level, ``_log_reach``) when the tree has few buckets
+        for the number of ids: reach reads 2B node sums per query, the paths k x depth x 2 (gathered,
+        ``GATHER_COST`` times slower each)."""
+        n_query, k = ids.shape
+        if self.depth == 0 or self.num_buckets > GATHER_COST * k * self.depth * 2:
+            return self.log_q(query, ids, phi)
+        bucket = torch.div(ids, self.bucket_size, rounding_mode="floor")  # (N, k)
+        logk, _ = self._kernel_log_weights(query, bucket.reshape(-1), k)  # (N k, L)
+        pick = (ids - bucket * self.bucket_size).view(-1, 1)  # (N k, 1)
+        log_in = (logk.gather(1, pick).squeeze(1) - torch.logsumexp(logk, 1)).view(n_query, k)
+        reach = self._log_reach(self.features(query) if phi is None else phi)  # (N, B)
+        return reach.gather(1, bucket) + log_in  # (N, k)
+
+    def log_q_all(self, query: Tensor, phi: Tensor | None = None) -> Tensor:
         """Exact log q of every class for each query, (N, n): the walk's branch probabilities for every node of
         the tree at once times the in-bucket probabilities. For diagnostics."""
         self._check(query)
         n_query, size = query.shape[0], self.bucket_size
-        log_node = self._log_reach(self.features(query))  # (N, B)
+        log_node = self._log_reach(self.features(query) if phi is None else phi)  # (N, B)
         dots = self.features.prepare(query) @ self.features.prepare(self.weight).T  # (N, n)
         logk = self.features.log_kernel_dot(dots)
         logk = nn.functional.pad(logk, (0, self.num_buckets * size - self.num_classes), value=float("-inf"))
@@ -118,19 +144,26 @@ class KernelTree(TreeWalk):
         self._check(query)
         return self.features.mixture(query, self.nodes[0], self.floor[0])
 
-    def sample_mixture(self, psi: Tensor, num_samples: int) -> tuple[Tensor, Tensor]:
+    def bucket_scores(self, psi: Tensor) -> BucketScores:
+        """An empty table of psi's in-bucket log weights, filled as buckets are asked for (``BucketScores``)."""
+        done = torch.zeros(self.num_buckets, dtype=torch.bool, device=psi.device)
+        return BucketScores(psi.new_empty(self.num_buckets, self.bucket_size), done)
+
+    def sample_mixture(
+        self, psi: Tensor, num_samples: int, scores: BucketScores | None = None
+    ) -> tuple[Tensor, Tensor]:
         """``num_samples`` ids (m,) drawn with psi's walk (see ``mixture``) and their exact log q-bar (m,)."""
         uniform = torch.rand(self.depth, num_samples, device=psi.device)
         bucket, log_path = self._descend(psi.unsqueeze(0), num_samples, uniform)  # (m,) each
-        ids, log_in = self._pick(*self._mixture_log_weights(psi, bucket))  # (m,) each
+        ids, log_in = self._pick(*self._mixture_log_weights(psi, bucket, scores))  # (m,) each
         return ids, log_path + log_in
 
-    def log_q_mixture(self, psi: Tensor, ids: Tensor) -> Tensor:
+    def log_q_mixture(self, psi: Tensor, ids: Tensor, scores: BucketScores | None = None) -> Tensor:
         """Exact log q-bar of any ids (any shape) under psi's walk, the same shape."""
         flat = ids.reshape(-1)
         bucket = torch.div(flat, self.bucket_size, rounding_mode="floor")  # (K,)
         distinct, inverse = torch.unique(bucket, return_inverse=True)  # each bucket's members scored once
-        logw, _ = self._mixture_log_weights(psi, distinct)  # (u, L)
+        logw, _ = self._mixture_log_weights(psi, distinct, scores)  # (u, L)
         log_in = torch.log_softmax(logw, 1)[inverse, flat - bucket * self.bucket_size]  # (K,)
         return (self._shared_path_log_q(psi, bucket) + log_in).view(ids.shape)
 
@@ -141,15 +174,14 @@ class KernelTree(TreeWalk):
         logw, _ = self._mixture_log_weights(psi, torch.arange(self.num_buckets, device=psi.device))  # (B, L)
         return (log_node.unsqueeze(1) + torch.log_softmax(logw, 1)).flatten()[: self.num_classes]
 
-    def _mixture_log_weights(self, psi: Tensor, bucket: Tensor) -> tuple[Tensor, Tensor]:
+    def _mixture_log_weights(
+        self, psi: Tensor, bucket: Tensor, scores: BucketScores | None = None
+    ) -> tuple[Tensor, Tensor]:
         """log max(<psi, phi(w_j)>, eps) for the members of each bucket (W,) -> (W, L) (-inf on padding), and the
         member ids (W, L). A step asks twice for one psi (its draws, then its targets' log q-bar), mostly for the
-        same buckets: each bucket is scored once per psi and tree version (``_scored``, B x L values), with phi(w_j)
-        read from the feature cache when there is one, in memory-bounded chunks."""
-        if self._scored is None or self._scored[0] is not psi or self._scored[1] != self.version:
-            done = torch.zeros(self.num_buckets, dtype=torch.bool, device=psi.device)
-            self._scored = (psi, self.version, psi.new_empty(self.num_buckets, self.bucket_size), done)
-        _, _, table, done = self._scored
+        same buckets: with the step's ``scores`` each bucket is scored once (B x L values), with phi(w_j) read from
+        the feature cache when there is one, in memory-bounded chunks."""
+        table, done = scores if scores is not None else self.bucket_scores(psi)
         distinct = torch.unique(bucket)
         todo = distinct[~done[distinct]]  # (u,) buckets not scored yet for this psi
         cached = self.cache.active

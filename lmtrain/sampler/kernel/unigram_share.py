@@ -7,7 +7,6 @@ import math
 import torch
 from torch import Tensor, nn
 
-from lmtrain.sampler.kernel.tree import KernelTree
 from lmtrain.sampler.unigram import UnigramSampler
 
 
@@ -24,7 +23,8 @@ class UnigramShare(nn.Module):
     is exactly the expected share of draws at each class (the balance heuristic of multiple importance
     sampling). ``share`` is the s' of the last draw; ``log_q`` of ids drawn elsewhere (the targets) uses it.
     Each position draws its own unigram ids (ids shared by the batch push the same few frequent rows with the
-    whole batch's gradient, which trains worse, as shared negatives do); their kernel log q is ``kernel_log_q``.
+    whole batch's gradient, which trains worse, as shared negatives do); their kernel log q is
+    ``KernelTree.log_q_many``.
     """
 
     def __init__(self, share: float, num_classes: int | None, counts: Tensor | None) -> None:
@@ -55,23 +55,3 @@ class UnigramShare(nn.Module):
         log_u = self.unigram.log_probs.to(log_kernel.dtype)
         log_u = log_u if ids is None else log_u[ids]
         return torch.logaddexp(log_kernel + math.log1p(-self.share), log_u + math.log(self.share))
-
-
-GATHER_COST = 4.0  # a node read by a per-id path gather costs ~4x one read by a level's GEMM (PTB shape, 1 thread)
-
-
-def kernel_log_q(tree: KernelTree, query: Tensor, ids: Tensor) -> Tensor:
-    """Per-example kernel log q (N, k) of ids (N, k) drawn elsewhere, equal to ``tree.log_q(query, ids)``.
-
-    When the tree has few buckets for the number of ids, every query's probability of reaching every bucket
-    (one product per level, ``_log_reach``) is cheaper than reading each id's path node by node: reach reads
-    2B node sums per query, the paths k x depth x 2 (gathered, ``GATHER_COST`` times slower each).
-    """
-    n_query, k = ids.shape
-    if tree.depth == 0 or tree.num_buckets > GATHER_COST * k * tree.depth * 2:
-        return tree.log_q(query, ids)
-    bucket = torch.div(ids, tree.bucket_size, rounding_mode="floor")  # (N, k)
-    logk, _ = tree._kernel_log_weights(query, bucket.reshape(-1), k)  # (N k, L)
-    pick = (ids - bucket * tree.bucket_size).view(-1, 1)  # (N k, 1)
-    log_in = (logk.gather(1, pick).squeeze(1) - torch.logsumexp(logk, 1)).view(n_query, k)
-    return tree._log_reach(tree.features(query)).gather(1, bucket) + log_in  # (N, B) -> (N, k)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 from hydra.utils import get_class, instantiate
 from lightning.pytorch.loggers import Logger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
-from lmtrain.training.build import accepted
 from lmtrain.training.loggers.metrics_csv import MetricsCSVLogger
 from lmtrain.training.loggers.wandb_run import console_settings, wandb_settings
 
@@ -24,7 +24,8 @@ def build_loggers(
         extra = {"name": name, "save_dir": str(run_dir)}
         if resume_id:
             extra.update(id=resume_id, resume="allow")
-        kwargs = accepted(spec._target_, extra)
+        params = inspect.signature(get_class(spec._target_)).parameters  # a Lightning logger: its arguments
+        kwargs = {key: value for key, value in extra.items() if key in params}
         if issubclass(get_class(spec._target_), WandbLogger):  # passed on to wandb.init through its **kwargs
             kwargs.update(wandb_settings(cfg, output_choice))
             if "settings" not in spec:

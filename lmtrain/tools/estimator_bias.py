@@ -66,10 +66,12 @@ def sampled_logit_gradient(
     target and the drawn ids): ``draw`` and ``sampled_nll`` exactly as in training (``inputs`` (N,): the input
     tokens of the positions), with the logits of the target and of the drawn ids read from ``logits``."""
     o = logits.detach().requires_grad_()
-    ids, log_q, tries = output.draw(hidden, inputs)  # (m,) shared or (N, m) per example
+    query = output.query(hidden)
+    proposal = output.propose(query, inputs)  # the step's proposal: the draws and the targets' log q
+    ids, log_q, tries = output.draw(hidden, inputs, proposal)  # (m,) shared or (N, m) per example
     neg_logits = o[:, ids] if ids.dim() == 1 else o.gather(1, ids)  # (N, m)
     target_logit = o.gather(1, target.unsqueeze(1))  # (N, 1)
-    loss = output.sampled_nll(output.query(hidden), target, target_logit, neg_logits, ids, log_q, tries, inputs)
+    loss = output.sampled_nll(query, target, target_logit, neg_logits, ids, log_q, tries, inputs, proposal)
     (grad,) = torch.autograd.grad(loss.sum(), o)
     return grad
 

@@ -1,0 +1,125 @@
+"""Hydra's composition errors as one line that names the key: what its value must be, the closest existing key,
+the options of a group, and which strategies take a sampler option."""
+
+from __future__ import annotations
+
+import os
+import types
+import typing
+from collections.abc import Callable
+from typing import Any
+
+from hydra.errors import MissingConfigException, OverrideParseException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+
+from lmtrain.config.validate import unknown_key
+
+Compose = Callable[..., DictConfig]  # compose(overrides, hydra=False) inside an initialized config search path
+
+
+def explain(exc: BaseException, overrides: list[str], compose: Compose) -> str:
+    """``exc`` from composing ``overrides`` in one line."""
+    if isinstance(exc, MissingConfigException) and exc.options is not None and exc.missing_cfg_file:
+        group, _, name = exc.missing_cfg_file.rpartition("/")
+        return f"unknown {group} '{name}': choose one of {', '.join(sorted(exc.options))}"
+    if isinstance(exc, OverrideParseException):
+        return one_line(exc)
+    cause = innermost(exc)
+    full_key = getattr(cause, "full_key", None)
+    if isinstance(cause, ValidationError) and full_key:
+        hint = field_type(cause.object_type, str(cause.key))
+        if hint is not None:
+            return f"{full_key} must be {describe(hint)}, got {cause.value!r}"
+    if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and full_key:
+        culprit = [o for o in overrides if key_of(o) == full_key or key_of(o).startswith(full_key + ".")]
+        if key_of((culprit or [""])[0]).startswith("sampler."):
+            return sampler_option(key_of(culprit[0]), [o for o in overrides if o not in culprit], compose)
+        return missing_key(str(full_key), culprit, [o for o in overrides if o not in culprit], compose) or one_line(exc)
+    return one_line(exc)
+
+
+def missing_key(full_key: str, culprit: list[str], others: list[str], compose: Compose) -> str | None:
+    """A key that is not in the config: the keys beside it, or how to add an argument the config leaves out."""
+    parent, _, leaf = full_key.rpartition(".")
+    try:
+        reference = compose(others, hydra=full_key.startswith("hydra."))
+    except Exception:  # the other overrides fail too: report the original error
+        return None
+    node = OmegaConf.select(reference, parent) if parent else reference
+    if not isinstance(node, DictConfig):
+        return None
+    known = [str(k) for k in node if not str(k).startswith("_")]
+    schema = OmegaConf.get_type(node)
+    owner, extra = schema.extra_keys(node) if hasattr(schema, "extra_keys") else (parent, [])
+    if leaf in extra and culprit:
+        return f"{full_key} is an argument of {owner} that the config does not set: add it with +{culprit[0]}"
+    return unknown_key(full_key, sorted({*known, *extra}), owner, known)
+
+
+def sampler_option(key: str, others: list[str], compose: Compose) -> str:
+    """``sampler.KEY`` that the chosen strategy's sampler lacks: a close key, or the strategies that take it."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    option, top = key.split(".", 1)[1], key.split(".")[1]
+    reference = compose(others, hydra=True)
+    output = reference.hydra.runtime.choices.get("output")
+    known = sorted(str(k) for k in (reference.get("sampler") or {}) if not str(k).startswith("_"))
+    outputs = GlobalHydra.instance().config_loader().get_group_options("output")
+    takers = [o for o in outputs if top in (compose([*others, f"output={o}"]).get("sampler") or {})]
+    if not takers and known:  # no strategy's sampler has it: a typo of one of the chosen sampler's keys
+        import difflib
+
+        close = difflib.get_close_matches(top, known, n=3)
+        hint = f"did you mean {' or '.join('sampler.' + c for c in close)}?" if close else ""
+        return f"sampler.{option} is not an option of any sampler; {hint or 'the options: ' + ', '.join(known)}"
+    return f"sampler.{option} is not an option of output={output}; " + (
+        f"it applies to output={'|'.join(takers)}" if takers else "no sampler takes it"
+    )
+
+
+def innermost(exc: BaseException) -> BaseException:
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    return exc
+
+
+def field_type(schema: Any, key: str) -> Any:
+    """The annotated type of ``schema``'s field ``key`` (None when ``schema`` is not a dataclass with it)."""
+    try:
+        return typing.get_type_hints(schema).get(key)
+    except (TypeError, NameError):  # not a class with annotations
+        return None
+
+
+def key_of(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~").split("@", 1)[0]
+
+
+def one_line(exc: Any) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return " ".join(lines) if lines else type(exc).__name__
+
+
+def describe(hint: Any) -> str:
+    """``hint`` in words: 'an integer', 'a number or null', 'true or false', ..."""
+    arms = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    words = list(dict.fromkeys(_word(arm) for arm in arms))
+    if "a number" in words and "an integer" in words:
+        words.remove("an integer")
+    words.sort(key=lambda w: w == "null")  # null last
+    return " or ".join(words)
+
+
+def _word(hint: Any) -> str:
+    if hint is None or hint is type(None):
+        return "null"
+    simple = {bool: "true or false", int: "an integer", float: "a number", str: "a string", Any: "any value"}
+    if hint in simple:
+        return simple[hint]
+    container = typing.get_origin(hint) or hint
+    if container in (list, tuple):
+        return "a list"
+    if container is dict or (isinstance(container, type) and not issubclass(container, (str, os.PathLike))):
+        return "a mapping"
+    return str(hint)

@@ -1,0 +1,158 @@
+"""What Hydra's typed configs cannot check, in one walk of the composed config: values set but left ``???``,
+keys added with ``+``/``++`` that no schema has (Hydra adds them), the ranges in the schemas' field ``metadata``,
+and the keys of parts whose class is not lmtrain's (callbacks, loggers) against that class's arguments."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import inspect
+from collections.abc import Iterator
+from typing import Any
+
+from hydra.utils import get_class
+from omegaconf import DictConfig, OmegaConf
+
+from lmtrain.training.build import Runtime
+
+UNRESOLVED = object()
+RUNTIME = {f.name for f in dataclasses.fields(Runtime)}
+# Trainer arguments lmtrain sets itself, and what to use instead
+SET_BY_LMTRAIN = {
+    "logger": "choose logger=wandb or logger=csv",
+    "callbacks": "add a callback with +callbacks.NAME._target_=CLASS",
+    "default_root_dir": "the run folder is hydra.run.dir",
+    "plugins": "its checkpoints are written atomically by lmtrain",
+    "enable_progress_bar": "use progress_bar=true|false",
+    "gradient_clip_val": "use optim.clip (the global gradient norm, sparse gradients included)",
+    "gradient_clip_algorithm": "use optim.clip (the global gradient norm, sparse gradients included)",
+}
+# precisions that store the weights themselves in 16 bits: nothing could then be evaluated in float32
+LOW_PRECISION_WEIGHTS = ("bf16-true", "16-true")
+
+
+class ConfigError(ValueError):
+    """A config value of the wrong type or range, or a key that no part of lmtrain reads (one line)."""
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Raise ConfigError with the first problem of ``cfg`` (one line naming the key and what it must be)."""
+    problem = next(config_problems(cfg), None)
+    if problem is not None:
+        raise ConfigError(problem)
+
+
+def config_problems(cfg: DictConfig) -> Iterator[str]:
+    for key in missing_keys(cfg):
+        yield f"{key} must be set ({key}=...)"
+    yield from node_problems(cfg, "")
+    for key, advice in SET_BY_LMTRAIN.items():
+        if key in (cfg.get("trainer") or {}):
+            yield f"trainer.{key} is set by lmtrain: {advice}"
+    precision = str((cfg.get("trainer") or {}).get("precision"))
+    if precision in LOW_PRECISION_WEIGHTS:
+        yield (
+            f"trainer.precision={precision} keeps the weights in 16 bits, so exact evaluation, a sampler's log q and "
+            "the kernel tree's sums cannot stay float32: use trainer.precision=bf16-mixed (float32 weights, 16-bit "
+            "products; docs/workflow.md, mixed precision)"
+        )
+    for part in ("logger", "callbacks"):
+        for name, spec in (cfg.get(part) or {}).items():
+            yield from target_problems(spec, f"{part}.{name}")
+
+
+def node_problems(node: DictConfig, path: str) -> Iterator[str]:
+    """Keys that ``node``'s schema lacks, and values outside its fields' ranges; then the typed nodes below."""
+    schema = OmegaConf.get_type(node)
+    if not (isinstance(schema, type) and dataclasses.is_dataclass(schema)):
+        return
+    fields = {f.name: f for f in dataclasses.fields(schema) if not f.name.startswith("_")}
+    owner, extra = schema.extra_keys(node) if hasattr(schema, "extra_keys") else (path, [])
+    for key in map(str, node):
+        full = f"{path}.{key}" if path else key
+        if key.startswith("_"):
+            continue
+        if key not in fields:
+            if path and key in RUNTIME:
+                yield f"{full} is set by lmtrain from the data and the model; remove it"
+            elif key not in extra:
+                present = [str(k) for k in node if str(k) in fields]
+                yield unknown_key(full, sorted({*fields, *extra}), owner or "the top level", present)
+            continue
+        value = value_at(node, key)
+        if value is not UNRESOLVED:
+            yield from range_problems(full, value, fields[key].metadata)
+        if not OmegaConf.is_interpolation(node, key) and isinstance(node[key], DictConfig):
+            yield from node_problems(node[key], full)
+
+
+def range_problems(full: str, value: Any, limits: Any) -> Iterator[str]:
+    """``value`` against a field's ``metadata``: ``choices``, ``at_least`` (with a ``note``), ``above``, ``below``,
+    ``batches`` (a count >= that or a fraction of the epoch)."""
+    if "choices" in limits and not any(value == c and type(value) is type(c) for c in limits["choices"]):
+        yield f"{full} must be one of {', '.join(repr(c) for c in limits['choices'])}, got {value!r}"
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return
+    if "at_least" in limits and value < limits["at_least"]:
+        yield f"{full} must be >= {limits['at_least']}{limits.get('note', '')}, got {value!r}"
+    if "above" in limits and not value > limits["above"]:
+        yield f"{full} must be > {limits['above']}, got {value!r}"
+    if "below" in limits and not value < limits["below"]:
+        yield f"{full} must be < {limits['below']}, got {value!r}"
+    if "batches" in limits:
+        least = limits["batches"]
+        if isinstance(value, int) and value < least:
+            yield f"{full} must be a number of batches >= {least} or a fraction of the epoch, got {value!r}"
+        if isinstance(value, float) and not (0.0 <= value <= 1.0 if least == 0 else 0.0 < value <= 1.0):
+            yield f"{full} must be a fraction of the epoch in (0, 1] or an integer number of batches, got {value!r}"
+
+
+def target_problems(spec: Any, path: str) -> Iterator[str]:
+    """A part built from a class that is not lmtrain's (a logger, a callback): its keys are that class's arguments."""
+    if not isinstance(spec, DictConfig) or not spec.get("_target_"):
+        yield f"{path} needs a _target_ (the class to build), got {spec!r}"
+        return
+    try:
+        params = inspect.signature(get_class(str(spec._target_))).parameters
+    except Exception as exc:  # an import error of any kind: report it as the key's problem
+        yield f"{path}._target_={spec._target_} cannot be imported ({str(exc).splitlines()[0]})"
+        return
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return
+    for key in map(str, spec):
+        if not key.startswith("_") and key not in params:
+            known = sorted(p for p in params if p != "self")
+            yield unknown_key(f"{path}.{key}", known, str(spec._target_), [str(k) for k in spec if str(k) in params])
+
+
+def unknown_key(full: str, known: list[str], owner: str, present: list[str] | None = None) -> str:
+    """'unknown key trainer.max_epoch: did you mean trainer.max_epochs? (trainer has: ...)'.
+
+    Long lists (the Trainer's ~45 arguments) show the keys ``present`` in the config and name the ``owner``."""
+    parent, _, key = full.rpartition(".")
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    guess = f": did you mean {parent + '.' if parent else ''}{close[0]}?" if close else ""
+    where = parent or "the top level"
+    if present is not None and len(known) > 20:
+        listed = f"{where} has {', '.join(present)}, or any other argument of {owner}"
+    else:
+        listed = f"{where} takes {', '.join(known)}"
+    return f"unknown key {full}{guess} ({listed})"
+
+
+def missing_keys(node: DictConfig, path: str = "") -> Iterator[str]:
+    """Dotted keys whose value is ``???`` (without resolving interpolations, unlike OmegaConf.missing_keys)."""
+    for key in node:
+        full = f"{path}.{key}" if path else str(key)
+        if OmegaConf.is_missing(node, key):
+            yield full
+        elif not OmegaConf.is_interpolation(node, key) and isinstance(node[key], DictConfig):
+            yield from missing_keys(node[key], full)
+
+
+def value_at(node: DictConfig, key: str) -> Any:
+    """The resolved value of ``key``; UNRESOLVED when it cannot be resolved here (``${hydra:...}`` outside an app)."""
+    try:
+        return OmegaConf.select(node, key, default=UNRESOLVED, throw_on_missing=True)
+    except Exception:  # an interpolation that only resolves inside a Hydra app
+        return UNRESOLVED

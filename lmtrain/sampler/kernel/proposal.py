@@ -1,0 +1,84 @@
+"""A kernel sampler's proposal for one step: per position, or the mixture of the batch's proposals."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from lmtrain.sampler.kernel.tree import KernelTree
+from lmtrain.sampler.kernel.unigram_share import UnigramShare
+from lmtrain.sampler.proposal import Proposal
+
+
+class KernelProposal(Proposal):
+    """q_i ∝ K(h_i, .) for each of this step's queries (N, d'), mixed with the training unigram when the sampler
+    has a share of it; the queries' features phi(h_i) are computed once, for the draws and the targets' log q."""
+
+    per_example = True
+
+    def __init__(self, tree: KernelTree, query: Tensor, unigram: UnigramShare | None) -> None:
+        self.tree, self.query, self.unigram = tree, query, unigram
+        self._phi: Tensor | None = None
+
+    @property
+    def phi(self) -> Tensor:
+        """The queries' features (N, F), computed at the first use."""
+        if self._phi is None:
+            self._phi = self.tree.features(self.query)
+        return self._phi
+
+    def sample(self, num_samples: int) -> tuple[Tensor, Tensor]:
+        tree, query, mix = self.tree, self.query, self.unigram
+        num_kernel, num_unigram = mix.split(num_samples) if mix is not None else (num_samples, 0)
+        if tree.dense_draw_pays(query.shape[0], num_samples):  # small n: every class's q, then draw (same q)
+            if mix is None:
+                return tree.sample_dense(query, num_samples, self.phi)  # (N, m) each
+            log_q = mix.mix(tree.log_q_all(query, self.phi))  # (N, n)
+            ids = torch.multinomial(log_q.exp(), num_samples, replacement=True)  # (N, m)
+            return ids, log_q.gather(1, ids)
+        ids, log_q = tree.sample(query, num_kernel, self.phi)  # (N, m_k) each
+        if not num_unigram:
+            return ids, log_q
+        extra = mix.draw(query.shape[0], num_unigram)  # (N, m_u)
+        ids = torch.cat([ids, extra], 1)  # (N, m)
+        return ids, mix.mix(torch.cat([log_q, tree.log_q_many(query, extra, self.phi)], 1), ids)
+
+    def log_q(self, ids: Tensor) -> Tensor:
+        log_q = self.tree.log_q(self.query, ids, self.phi)  # (N, k)
+        return log_q if self.unigram is None else self.unigram.mix(log_q, ids)
+
+    def log_q_all(self) -> Tensor:
+        """log q of every class for each position, (N, n)."""
+        log_q = self.tree.log_q_all(self.query, self.phi)
+        return log_q if self.unigram is None else self.unigram.mix(log_q)
+
+
+class MixtureProposal(Proposal):
+    """The mixture q-bar = (1/N) sum_i q_i of the batch's kernel proposals, drawn by one walk of the feature-space
+    query psi (``KernelTree.mixture``), with its in-bucket scores kept for the step (``KernelTree.bucket_scores``)."""
+
+    per_example = False
+
+    def __init__(self, tree: KernelTree, query: Tensor, unigram: UnigramShare | None) -> None:
+        self.tree, self.unigram = tree, unigram
+        self.psi = tree.mixture(query)  # (F,)
+        self.scores = tree.bucket_scores(self.psi)
+
+    def sample(self, num_samples: int) -> tuple[Tensor, Tensor]:
+        tree, psi, mix = self.tree, self.psi, self.unigram
+        num_kernel, num_unigram = mix.split(num_samples) if mix is not None else (num_samples, 0)
+        ids, log_q = tree.sample_mixture(psi, num_kernel, self.scores)  # (m_k,) each
+        if not num_unigram:  # no unigram share, or m too small for one unigram draw
+            return ids, log_q
+        extra = mix.draw(num_unigram)  # (m_u,)
+        ids = torch.cat([ids, extra])  # (m,)
+        return ids, mix.mix(torch.cat([log_q, tree.log_q_mixture(psi, extra, self.scores)]), ids)
+
+    def log_q(self, ids: Tensor) -> Tensor:
+        log_q = self.tree.log_q_mixture(self.psi, ids, self.scores)  # ids' shape
+        return log_q if self.unigram is None else self.unigram.mix(log_q, ids)
+
+    def log_q_all(self) -> Tensor:
+        """log q-bar of every class, (n,)."""
+        log_q = self.tree.log_q_all_mixture(self.psi)
+        return log_q if self.unigram is None else self.unigram.mix(log_q)

@@ -1,0 +1,47 @@
+"""One step's proposal: q given this step's context, built once by ``Sampler.propose`` and dropped after the step."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from torch import Tensor
+
+from lmtrain.sampler.precision import wrap_methods
+
+if TYPE_CHECKING:
+    from lmtrain.sampler.base import Sampler
+
+
+class Proposal:
+    """The proposal of one step: ``sample(m)`` draws and ``log_q(ids)`` is the exact log-probability of any ids
+    under the same q. ``per_example``: ids and log q (N, m), one row per position; else (m,) shared by the batch
+    (context-free, or one proposal built from the whole batch), and ``log_q`` takes ids of any shape."""
+
+    per_example: bool = False
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        wrap_methods(cls, ("sample", "log_q"))  # float32 under autocast, as the samplers' (precision.py)
+
+    def sample(self, num_samples: int) -> tuple[Tensor, Tensor]:
+        """Draw ``num_samples`` ids (with replacement) per position, or for the batch; (ids, log_q)."""
+        raise NotImplementedError
+
+    def log_q(self, ids: Tensor) -> Tensor:
+        """Exact log q of ``ids``: (N, k) per position, any shape for a shared proposal."""
+        raise NotImplementedError
+
+
+class BoundProposal(Proposal):
+    """A sampler with this step's context bound: its queries (N, d') and input tokens (N,). The default of
+    ``Sampler.propose`` for samplers whose ``sample`` and ``log_q`` need nothing computed per step."""
+
+    def __init__(self, sampler: Sampler, query: Tensor | None, inputs: Tensor | None) -> None:
+        self.sampler, self.query, self.inputs = sampler, query, inputs
+        self.per_example = sampler.per_example
+
+    def sample(self, num_samples: int) -> tuple[Tensor, Tensor]:
+        return self.sampler.sample(self.query, num_samples, inputs=self.inputs)
+
+    def log_q(self, ids: Tensor) -> Tensor:
+        return self.sampler.log_q(self.query, ids, inputs=self.inputs)

@@ -1,0 +1,106 @@
+"""What a user sees stays put: the metrics of a short seeded run of every ``output=`` choice, and the runs that
+older versions of lmtrain wrote, are compared with values recorded before a change (tests/data/).
+
+After a change that is meant to alter them, record them again: ``python -m tests.test_seeded_metrics``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import lmtrain
+from tests.conftest import TINY, make_config
+
+DATA = Path(__file__).resolve().parent / "data"
+EXPECTED = DATA / "seeded_metrics.json"
+OLD_RUNS = DATA / "old_runs"  # run folders (config.yaml, vocab.tsv, checkpoints/last.ckpt) written by older code
+METRICS = ("train/loss", "val/ppl", "test/ppl")
+SEQUENCE = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4]
+
+
+def output_choices() -> list[str]:
+    """The ``output=`` options of the packaged config tree."""
+    [folder] = [p for p in Path(lmtrain.__file__).parent.rglob("output") if list(p.glob("*.yaml"))]
+    return sorted(p.stem for p in folder.glob("*.yaml"))
+
+
+def seeded_overrides(output: str, run_dir: Path) -> list[str]:
+    """20 optimizer steps of a tiny model on a small synthetic corpus, seed 7."""
+    common = [o for o in TINY if not o.startswith("data.")]
+    data = ["data.train_tokens=20000", "data.valid_tokens=2000", "data.test_tokens=2000"]
+    data += ["data.batch_size=8", "data.bptt=10"]
+    sampler = ["sampler.D=32"] if output == "rff" else []
+    return [*common, *data, f"output={output}", *sampler, "trainer.max_steps=20", "seed=7", f"run_dir={run_dir}"]
+
+
+def seeded_run(output: str, run_dir: Path) -> dict[str, float]:
+    from lmtrain.training.run import train
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the same arithmetic on every machine load
+    try:
+        metrics = train(make_config(seeded_overrides(output, run_dir)))
+    finally:
+        torch.set_num_threads(threads)
+    return {key: metrics[key] for key in METRICS}
+
+
+def sequence_log_prob(run: Path) -> float:
+    """The summed exact log-probability of SEQUENCE under a run's model, loaded as the tools load it."""
+    from lmtrain.tools.trained import load_trained
+
+    model = load_trained(str(run), [], device="cpu")
+    ids = torch.tensor([SEQUENCE])
+    with torch.no_grad():
+        hidden, _ = model.module.encoder(ids[:, :-1], None)
+        return float(model.module.output.log_prob(hidden.reshape(-1, hidden.shape[-1]), ids[0, 1:]).sum())
+
+
+def test_the_expected_values_cover_every_output_choice():
+    assert sorted(json.loads(EXPECTED.read_text())["runs"]) == output_choices()
+
+
+@pytest.mark.parametrize("output", output_choices())
+def test_a_seeded_run_gives_the_recorded_metrics(output, tmp_path, monkeypatch):
+    monkeypatch.setenv("LMTRAIN_CACHE_DIR", str(tmp_path / "cache"))
+    expected = json.loads(EXPECTED.read_text())["runs"][output]
+    assert seeded_run(output, tmp_path / "run") == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("output", ["full", "rff"])
+def test_a_run_written_by_older_code_still_loads(output, tmp_path):
+    run = tmp_path / output
+    shutil.copytree(OLD_RUNS / output, run)
+    expected = json.loads(EXPECTED.read_text())["old_runs"][output]
+    assert sequence_log_prob(run) == pytest.approx(expected, rel=1e-5)
+
+
+def record(scratch: Path) -> None:
+    """Run every choice, save the metrics, and keep the full and rff runs as the old-run fixtures."""
+    runs = {output: seeded_run(output, scratch / output) for output in output_choices()}
+    old_runs = {}
+    for output in ("full", "rff"):
+        target = OLD_RUNS / output
+        shutil.rmtree(target, ignore_errors=True)
+        (target / "checkpoints").mkdir(parents=True)
+        for name in ("config.yaml", "vocab.tsv", "checkpoints/last.ckpt"):
+            shutil.copy(scratch / output / name, target / name)
+        old_runs[output] = sequence_log_prob(target)
+    EXPECTED.write_text(json.dumps({"runs": runs, "old_runs": old_runs}, indent=1, sort_keys=True) + "\n")
+
+
+if __name__ == "__main__":
+    import os
+    import tempfile
+
+    os.environ.setdefault("WANDB_MODE", "disabled")
+    with tempfile.TemporaryDirectory() as scratch:
+        os.environ["LMTRAIN_CACHE_DIR"] = str(Path(scratch) / "cache")
+        record(Path(scratch))
+    print(f"recorded {EXPECTED}", file=sys.stderr)

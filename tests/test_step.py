@@ -1,0 +1,43 @@
+"""The plain step (lmtrain.training.step) is the step a training run takes: the same losses step by step, and
+``evaluate`` gives the run's exact validation perplexity."""
+
+from __future__ import annotations
+
+import csv
+
+import lightning as L
+import pytest
+
+from lmtrain.training.build import build_model
+from lmtrain.training.step import evaluate, train_step
+from lmtrain.training.trainer import prepare_process
+
+STEPS = 4
+
+
+def logged_losses(run_dir):
+    with open(run_dir / "metrics.csv", newline="") as f:
+        return [float(row["train/loss"]) for row in csv.DictReader(f) if row.get("train/loss")]
+
+
+@pytest.mark.parametrize("output", ["full", "rff"])
+def test_train_step_takes_the_steps_of_a_training_run(tiny_config, tmp_path, output, one_thread):
+    from lmtrain.training.run import train
+
+    overrides = (f"output={output}", f"trainer.max_steps={STEPS}", "sampler.D=32" if output == "rff" else "seed=1234")
+    metrics = train(tiny_config(*overrides, run_dir=tmp_path / "run"))
+
+    cfg = tiny_config(*overrides, run_dir=tmp_path / "plain")
+    prepare_process(cfg)  # as train does: threads and the seed before the model is built, the seed again to train
+    datamodule, module = build_model(cfg)
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    optimizer = module.configure_optimizers()["optimizer"]
+    module.train()
+    state, losses, batches = None, [], iter(datamodule.train_dataloader())
+    for _ in range(STEPS):
+        window = train_step(module.encoder, module.output, next(batches), state, optimizer, cfg.optim.clip)
+        state, losses = window.state, [*losses, window.loss.item()]
+    assert len(losses) == STEPS and losses == pytest.approx(logged_losses(tmp_path / "run"), rel=1e-5)
+    module.eval()
+    ppl = evaluate(module.encoder, module.output, datamodule.val_dataloader()).ppl
+    assert ppl == pytest.approx(metrics["val/ppl"], rel=1e-4)

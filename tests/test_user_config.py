@@ -1,0 +1,61 @@
+"""A user's own config folder: experiments, strategies and samplers of their own beside the packaged tree."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from lmtrain.config import ConfigError, preflight
+from lmtrain.config.preflight import compose_checked
+from tests.cli_runs import TINY, run_cli
+
+EXPERIMENT = """# @package _global_
+defaults:
+  - override /data: synthetic
+  - override /output: mine
+  - override /logger: csv
+trainer:
+  max_steps: 3
+"""
+OUTPUT = """# a sampled softmax with a sampler of my own and fewer negatives
+defaults:
+  - /schema/output@_here_: sampled
+  - override /sampler@_global_.sampler: mine
+  - _self_
+_target_: lmtrain.output.SampledSoftmax
+num_samples: 7
+"""
+SAMPLER = """defaults:
+  - /schema/sampler@_here_: unigram
+  - _self_
+power: 0.5
+"""
+
+
+def user_folder(root: Path) -> Path:
+    """DIR/experiment/mine.yaml, DIR/output/mine.yaml, DIR/sampler/mine.yaml."""
+    for group, text in (("experiment", EXPERIMENT), ("output", OUTPUT), ("sampler", SAMPLER)):
+        (root / group).mkdir(parents=True, exist_ok=True)
+        (root / group / "mine.yaml").write_text(text)
+    return root
+
+
+def test_a_run_from_a_users_config_folder(tmp_path):
+    mine, run = user_folder(tmp_path / "mine"), tmp_path / "run"
+    run_cli(["--config-dir", str(mine), "experiment=mine", *TINY, f"hydra.run.dir={run}"], tmp_path)
+    cfg = OmegaConf.load(run / "config.yaml")
+    assert (cfg.output.num_samples, cfg.sampler.power, cfg.trainer.max_steps) == (7, 0.5, 3)
+    assert (run / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_hydra_searchpath_finds_the_same_folder_and_its_keys_are_checked(tmp_path):
+    mine = user_folder(tmp_path / "mine")
+    cfg = compose_checked(["experiment=mine", f"hydra.searchpath=[file://{mine}]", "run_dir=/tmp/unused"])
+    assert cfg.sampler._target_ == "lmtrain.sampler.UnigramSampler" and cfg.output.num_samples == 7
+    preflight(["-cd", str(mine), "experiment=mine", "sampler.power=0.75"])
+    with pytest.raises(ConfigError, match=r"unknown key output.num_sample: did you mean output.num_samples\?"):
+        preflight([f"--config-dir={mine}", "experiment=mine", "output.num_sample=3"])
+    with pytest.raises(ConfigError, match=r"unknown experiment 'mine': choose one of"):
+        preflight(["experiment=mine"])  # without the folder
