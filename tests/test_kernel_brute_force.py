@@ -72,8 +72,9 @@ def every_class(count: int, n: int) -> torch.Tensor:
 
 
 def assert_sampler_gives(sampler, query: torch.Tensor, expected: torch.Tensor) -> None:
-    """``exp(log q)`` of every class, through ``log_q`` and ``log_q_all``, equals ``expected`` ((N, n) per example
-    or (n,) batch-shared), and the log q returned with draws is that of the ids drawn."""
+    """``exp(log q)`` of every class, through ``log_q``, ``log_q_all`` and the step's ``propose(query)`` (what
+    training uses), equals ``expected`` ((N, n) per example or (n,) batch-shared), and the log q returned with draws
+    is that of the ids drawn."""
     n = expected.shape[-1]
     if sampler.per_example:
         got = sampler.log_q(query, every_class(query.shape[0], n)).exp()
@@ -85,6 +86,12 @@ def assert_sampler_gives(sampler, query: torch.Tensor, expected: torch.Tensor) -
     torch.manual_seed(0)
     ids, log_q = sampler.sample(query, 50)
     torch.testing.assert_close(log_q.exp(), expected.gather(-1, ids), rtol=0, atol=TOL)
+    proposal = sampler.propose(query)
+    all_ids = every_class(query.shape[0], n) if proposal.per_example else torch.arange(n)
+    torch.testing.assert_close(proposal.log_q(all_ids).exp(), expected, rtol=0, atol=TOL)
+    ids, log_q = proposal.sample(50)
+    torch.testing.assert_close(log_q.exp(), expected.gather(-1, ids), rtol=0, atol=TOL)
+    torch.testing.assert_close(proposal.log_q(ids), log_q, rtol=0, atol=TOL)  # the targets' log q, same q
 
 
 @pytest.mark.parametrize("leaf_size", [1, 3, 8, None])
@@ -103,7 +110,8 @@ def test_quadratic_batch_shared_is_the_mixture_of_the_normalized_kernels(leaf_si
     """Batch-shared: q-bar(j) = (1/N) sum_i K(h_i, w_j) / sum_k K(h_i, w_k), one distribution for the batch."""
     n, d, alpha = 50, 6, 100.0
     weight = classes(n, d, seed=3)
-    sampler = QuadraticSampler(alpha=alpha, leaf_size=leaf_size, shared=True)
+    sampler = QuadraticSampler(alpha=alpha, leaf_size=leaf_size)
+    sampler.share_negatives(True)
     sampler.update(weight)
     assert not sampler.per_example
     for seed in (4, 5):  # a second batch on the same tree: nothing of the first batch's mixture may be reused
@@ -117,7 +125,9 @@ RFF_D, RFF_NU = 2048, 1.0
 
 
 def rff_sampler(leaf_size: int | None, shared: bool) -> RFFSampler:
-    return RFFSampler(D=RFF_D, nu=RFF_NU, seed=5, leaf_size=leaf_size, shared=shared, feature_cache="off")
+    sampler = RFFSampler(D=RFF_D, nu=RFF_NU, seed=5, leaf_size=leaf_size, feature_cache="off")
+    sampler.share_negatives(shared)
+    return sampler
 
 
 def test_rff_per_example_with_one_class_per_bucket_is_the_normalized_estimate():
