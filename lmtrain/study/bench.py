@@ -14,11 +14,12 @@ def render_bench(path: Path) -> str:
     lines = [
         f"<!-- rendered by `python -m lmtrain.study --bench docs/bench/{path.name}` from that record: do not edit -->",
         f"Training throughput, `scripts/bench_train.py` ({path.name}): {record['rounds']} interleaved rounds of "
-        f"{record['steps']} steps, {record['threads']} thread(s), {record['device']}, experiment "
+        f"{record['steps']} steps, {record['threads']} thread(s), device {record['device'] or 'auto'}, experiment "
         f"`{record['experiment']}`{isolated}; median of the rounds.",
         "",
     ]
-    for corpus, data in record["corpora"].items():
+    corpora = record.get("corpora") or {record.get("data") or "default data": record}  # one corpus: a flat record
+    for corpus, data in corpora.items():
         lines += [f"| {corpus}: output | tokens/s (median) | rounds | x full (same run) |", "|---|---|---|---|"]
         for name, speed in data["tokens_per_sec"].items():
             ratio = data["ratio_to_full"].get(name)
