@@ -15,6 +15,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from lmtrain.study.records import append_record, build_record, code_version, read_records
 from lmtrain.study.spec import Run, StudySpec
@@ -61,26 +62,24 @@ def _last_error(log: Path) -> str:
     return lines[-1][-500:] if lines else "the run failed without output"
 
 
-def execute(spec: StudySpec, run: Run, root: Path, runs_root: Path, jobs: int) -> str:
+def execute(spec: StudySpec, run: Run, root: Path, runs_root: Path, code: dict[str, Any]) -> str:
     """Train one run and append its record; returns a one-line summary. A run killed by a signal (the session
     ended) leaves no record, so the next call runs it again from its last checkpoint."""
     folder = run_folder(spec, run, runs_root)
     if folder.exists() and not (folder / "checkpoints" / "last.ckpt").is_file():
         folder.rename(folder.with_name(f"{folder.name}.stale-{int(time.time())}"))  # died before a checkpoint
-    env = {**os.environ, JOBS_ENV: str(jobs)}
     started = time.perf_counter()
     folder.parent.mkdir(parents=True, exist_ok=True)
     log = folder.parent / f"{folder.name}.log"
     with open(log, "w") as out:
-        result = subprocess.run(command(spec, run, folder), stdout=out, stderr=subprocess.STDOUT, env=env)
+        result = subprocess.run(command(spec, run, folder), stdout=out, stderr=subprocess.STDOUT)
     if result.returncode < 0:
         return f"{run.key}: stopped by signal {-result.returncode}, no record"
     error = None if result.returncode == 0 else _last_error(log)
     if error and not (_trained(folder) and error.startswith("lmtrain: error:")):
         # bad input, a setup failure or a crash (a traceback), not a result such as a diverged loss: no record
         return f"{run.key}: no record ({error}); see {log}"
-    threads = _threads(folder, jobs)
-    record = build_record(spec.name, run, folder, threads, time.perf_counter() - started, error, code_version())
+    record = build_record(spec.name, run, folder, _threads(folder), time.perf_counter() - started, error, code)
     append_record(records_path(spec, root), record)
     test = (record.get("test") or {}).get("ppl")
     shown = f"test ppl {test:.2f}" if test is not None else f"failed: {error}"
@@ -93,21 +92,14 @@ def _trained(folder: Path) -> bool:
     return metrics.is_file() and len(metrics.read_text().splitlines()) > 1
 
 
-def _threads(folder: Path, jobs: int) -> int:
-    """The compute threads the run used: its ``threads`` setting, ``auto`` resolved as the run resolved it."""
+def _threads(folder: Path) -> int:
+    """The compute threads the run used: its ``threads`` setting, ``auto`` resolved as the run resolved it (the
+    study's ``JOBS_ENV`` is set once, in ``run_study``, for this process and its runs alike)."""
     import yaml
 
     config_file = folder / "config.yaml"
     setting = yaml.safe_load(config_file.read_text()).get("threads", "auto") if config_file.is_file() else "auto"
-    previous = os.environ.get(JOBS_ENV)
-    os.environ[JOBS_ENV] = str(jobs)
-    try:
-        return resolve_threads(setting)
-    finally:
-        if previous is None:
-            del os.environ[JOBS_ENV]
-        else:
-            os.environ[JOBS_ENV] = previous
+    return resolve_threads(setting)
 
 
 def run_study(
@@ -115,10 +107,20 @@ def run_study(
 ) -> int:
     """Run the study's pending runs (those of the cells matching ``cells``), ``jobs`` at a time, at most ``limit``
     of them; returns how many ran."""
-    pending = pending_runs(spec, root, cells)[:limit]
+    missing = pending_runs(spec, root)
+    pending = [run for run in missing if cells is None or fnmatch.fnmatchcase(run.cell.label, cells)][:limit]
     total = len(spec.runs())
-    print(f"study {spec.name}: {total - len(pending_runs(spec, root))} of {total} runs recorded, {len(pending)} to run")
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        for line in pool.map(lambda run: execute(spec, run, root, runs_root, jobs), pending):
-            print(line, flush=True)
+    print(f"study {spec.name}: {total - len(missing)} of {total} runs recorded, {len(pending)} to run")
+    previous = os.environ.get(JOBS_ENV)
+    os.environ[JOBS_ENV] = str(jobs)  # threads=auto of every run (inherited) shares the cores among the jobs
+    code = code_version()  # one commit for the whole call
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            for line in pool.map(lambda run: execute(spec, run, root, runs_root, code), pending):
+                print(line, flush=True)
+    finally:
+        if previous is None:
+            del os.environ[JOBS_ENV]
+        else:
+            os.environ[JOBS_ENV] = previous
     return len(pending)
