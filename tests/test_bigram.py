@@ -174,3 +174,22 @@ def test_config_builds_it_with_the_training_ids_and_keeps_tables_out_of_checkpoi
 
 # output=bigram end to end: tests/test_strategies_learn.py trains it and requires it to learn (a finite perplexity
 # after five steps, the check that stood here, would pass for a sampler that ignored the previous word)
+
+
+def test_option_bounds_are_inclusive_where_q_stays_positive():
+    """w = 1 (the unigram alone) and n = 2 are valid; w > 1, w = 0 and n < 2 are refused with the key's name."""
+    pure_unigram = BigramSampler(N, successor_stream(), unigram_weight=1.0)
+    torch.testing.assert_close(
+        pure_unigram.log_q(None, torch.arange(N), inputs=torch.tensor([0, 3])).exp(),
+        pure_unigram.unigram.log_probs.exp().expand(2, N),
+    )
+    BigramSampler(2, torch.tensor([0, 1, 1, 0]))
+    for weight in (0.0, 1.0001, -0.5):
+        with pytest.raises(ValueError, match="unigram_weight must be in"):
+            BigramSampler(N, successor_stream(), unigram_weight=weight)
+    with pytest.raises(ValueError, match="2 <= num_classes"):
+        BigramSampler(1, torch.tensor([0, 0]))
+    with pytest.raises(ValueError, match="train_ids must hold"):
+        BigramSampler(N, torch.tensor([0]))
+    with pytest.raises(ValueError, match="train_ids must hold"):
+        BigramSampler(N, torch.tensor([0, -1]))

@@ -246,3 +246,17 @@ def test_config_builds_every_tree_and_rejects_a_bad_one():
         HierarchicalSoftmax(100, 16, counts, tree="binary")
     with pytest.raises(ValueError, match="counts"):
         HierarchicalSoftmax(100, 16, counts[:50])
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_sparse_flag_decides_the_gradient_layout_and_the_sparse_parameters(tree):
+    """Sparse row gradients by default (SparseAdam / sparse SGD need them); ``sparse=False`` gives a dense one."""
+    kw = {"num_bins": 3} if tree == "two_level" else {}
+    hidden, target = torch.randn(5, 3, dtype=torch.float64), torch.arange(5)
+    default = make_hsm(tree, n=11, d=3, **kw)
+    default.loss(hidden, target).backward()
+    assert default.weight.grad.is_sparse and default.sparse_parameters() == [default.weight]
+    dense = make_hsm(tree, n=11, d=3, sparse=False, **kw)
+    dense.loss(hidden, target).backward()
+    assert not dense.weight.grad.is_sparse and dense.sparse_parameters() == []
+    torch.testing.assert_close(dense.weight.grad, default.weight.grad.to_dense())  # same numbers, other layout

@@ -228,3 +228,18 @@ def test_rff_estimate_converges_to_the_true_kernel():
         assert 1.7 < a / b < 2.3, rms
     ratio, bias, stderr, _ = statistics(4096, scale=math.sqrt(nu))  # the wrong frequencies
     assert abs(ratio - 1) > 1 and abs(bias) > 20 * stderr, (ratio, bias, stderr)
+
+
+def test_a_checkpoint_s_frequencies_replace_the_seed_s():
+    """A resumed run samples from the saved Omega, not from a fresh draw of its own seed (or of none yet)."""
+    saved = RandomFourierFeatures(D=16, nu=2.0, seed=5)
+    x = queries(4, 7, seed=3).float()
+    expected = saved(x)  # draws Omega (16, 8) from seed 5
+    fresh = RandomFourierFeatures(D=16, nu=2.0, seed=0)  # Omega not drawn yet: a (16, 0) placeholder
+    fresh.load_state_dict(saved.state_dict())
+    assert fresh.omega.shape == (16, 8)
+    torch.testing.assert_close(fresh(x), expected, rtol=0, atol=0)
+    drawn = RandomFourierFeatures(D=16, nu=2.0, seed=0)
+    drawn(x)  # Omega of seed 0 already drawn at the same shape
+    drawn.load_state_dict(saved.state_dict())
+    torch.testing.assert_close(drawn(x), expected, rtol=0, atol=0)
