@@ -11,7 +11,9 @@ from torch import Tensor, nn
 from lmtrain.sampler.kernel.cache import FeatureCache
 from lmtrain.sampler.kernel.features import FeatureMap
 
-UPDATE_CHUNK = 1 << 21  # elements of the temporaries of one chunk of changed rows (8 MiB): measured at n = 10^4, 10^6
+# elements of the temporaries of one chunk of changed rows (8 MiB): small enough to stay in cache and to be reused
+# without page faults, large enough for few Python steps (docs/architecture.md, measured design choices)
+UPDATE_CHUNK = 1 << 21
 DELTA_COST = 2  # a changed row's delta costs two member rows of a bucket recompute (phi(new) and phi(old))
 
 

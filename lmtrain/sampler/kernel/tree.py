@@ -12,8 +12,11 @@ from lmtrain.sampler.kernel.features import FeatureMap
 from lmtrain.sampler.kernel.store import TreeStore
 from lmtrain.sampler.kernel.walk import TreeWalk
 
-GATHER_COST = 4.0  # a node read by a per-id path gather costs ~4x one read by a level's GEMM (PTB shape, 1 thread)
-WALK_COST = 0.5  # walk cost units per dense cost unit; measured at the PTB shape (docs/strategies.md)
+# the cost of a node read by a per-id path gather (scattered rows, a small product each) in units of one read by a
+# level's GEMM (one streamed product), and of a walk's work in units of a dense draw's: both measured constants of
+# the cost rules below (docs/architecture.md, measured design choices)
+GATHER_COST = 4.0
+WALK_COST = 0.5
 DENSE_MAX_ENTRIES = 1 << 26  # (N, n) log q entries a dense draw may hold (256 MiB in float32)
 
 
@@ -126,8 +129,8 @@ class KernelTree(nn.Module):
     def dense_draw_pays(self, n_query: int, num_samples: int) -> bool:
         """Whether ``sample_dense`` costs less than ``sample`` for N queries and m draws each: dense reads every
         node once per query (2B F) and scores every class (n d); m walks read depth x 2F node values and a bucket
-        of L classes each. ``WALK_COST`` converts between the two; measured at the PTB shape (N = 400, d' = 201,
-        n = 10^4, one thread), the crossover is m ~ 40 for quadratic and m ~ 270 for RFF (D = 1024)."""
+        of L classes each. ``WALK_COST`` converts between the two (a walk's reads are scattered, a dense draw's
+        streamed; the crossover it gives is in docs/strategies.md)."""
         in_features = self.weight.shape[1]
         feats = self.nodes.shape[1]
         dense = 2 * self.num_buckets * feats + self.num_classes * in_features

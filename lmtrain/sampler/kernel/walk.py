@@ -7,9 +7,11 @@ from torch import Tensor
 
 from lmtrain.sampler.kernel.store import TreeStore
 
-GATHER_CHUNK = 1 << 20  # elements of gathered node sums per block of walkers (4 MiB): the block stays in cache
+# elements of gathered node sums per block of walkers (4 MiB): the block stays in cache between the gather and its
+# product (docs/architecture.md, measured design choices)
+GATHER_CHUNK = 1 << 20
 # node pairs are contiguous 2F-float rows, gathered faster per element than bucket rows (which are also normalized),
-# so a level goes dense later than a bucket scoring does (docs/architecture.md, measured design choices)
+# so a level goes dense later than a bucket scoring does; the factor is measured (docs/architecture.md)
 LEVEL_GATHER_GAIN = 4
 
 
