@@ -116,11 +116,13 @@ def summarize(
     walks = args.positions * args.num_samples
     per_walk = walk_bytes(tree, args.dim)
     dense_levels = sum(
-        tree._dense(2 << lv, args.positions, 2 * args.num_samples, tree.dense_factor / walk_module.LEVEL_GATHER_GAIN)
+        tree.walk.dense(
+            2 << lv, args.positions, 2 * args.num_samples, tree.walk.dense_factor / walk_module.LEVEL_GATHER_GAIN
+        )
         for lv in range(tree.depth)
     )
     with Before(tree):
-        dense_before = sum(tree._dense(2 << lv, args.positions, 2 * args.num_samples) for lv in range(tree.depth))
+        dense_before = sum(tree.walk.dense(2 << lv, args.positions, 2 * args.num_samples) for lv in range(tree.depth))
     result: dict[str, Any] = {
         "n": cell["n"],
         "depth": tree.depth,

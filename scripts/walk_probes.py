@@ -44,11 +44,11 @@ class Before:
         self.tree = tree
 
     def __enter__(self) -> None:
-        self.saved = walk_module.LEVEL_GATHER_GAIN, self.tree.gather_elements
-        walk_module.LEVEL_GATHER_GAIN, self.tree.gather_elements = 1, self.tree.chunk_elements
+        self.saved = walk_module.LEVEL_GATHER_GAIN, self.tree.walk.gather_elements
+        walk_module.LEVEL_GATHER_GAIN, self.tree.walk.gather_elements = 1, self.tree.store.chunk_elements
 
     def __exit__(self, *exc: object) -> None:
-        walk_module.LEVEL_GATHER_GAIN, self.tree.gather_elements = self.saved
+        walk_module.LEVEL_GATHER_GAIN, self.tree.walk.gather_elements = self.saved
 
 
 def storage_trial(tree: KernelTree, query: torch.Tensor, k: int, repeats: int = 3) -> dict[str, float]:
@@ -59,7 +59,7 @@ def storage_trial(tree: KernelTree, query: torch.Tensor, k: int, repeats: int = 
     pairs = tree.nodes[1:].view(-1, 2 * phi.shape[1])
     narrow = pairs.bfloat16()
     pos = torch.randint(0, pairs.shape[0], (query.shape[0] * k,))
-    step = max(1, tree.gather_elements // (2 * k * phi.shape[1]))
+    step = max(1, tree.walk.gather_elements // (2 * k * phi.shape[1]))
 
     def level(table: torch.Tensor) -> None:
         for lo in range(0, phi.shape[0], step):

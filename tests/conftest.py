@@ -18,6 +18,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 SHARED_DATA = Path(os.environ.get("LMTRAIN_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
+# in-process runs (``train(cfg)``, ``tiny_config``); command-line runs take the smaller ``tests.cli_runs.TINY``.
+# The seeded metrics (tests/test_seeded_metrics.py) are fixed for these model sizes: change them with that file.
 TINY = [
     "data=synthetic",
     "model.emb_dim=32",

@@ -3,16 +3,10 @@
 from __future__ import annotations
 
 import re
-import subprocess
-from pathlib import Path
 
 import pytest
 
-from tests import cli_runs
-
-
-def run_cli(*args: str, cwd: Path, module: str = "lmtrain") -> subprocess.CompletedProcess[str]:
-    return cli_runs.run_cli(list(args), cwd, module=module, check=False)
+from tests.cli_runs import TINY, run_cli
 
 
 @pytest.mark.parametrize(
@@ -29,7 +23,7 @@ def run_cli(*args: str, cwd: Path, module: str = "lmtrain") -> subprocess.Comple
     ],
 )
 def test_bad_input_gives_one_clear_line_exit_2_and_leaves_no_folder(tmp_path, args, expected):
-    result = run_cli(*args, cwd=tmp_path)  # Hydra's default run folder: outputs/DATE/TIME
+    result = run_cli(args, tmp_path, check=False)  # Hydra's default run folder: outputs/DATE/TIME
     assert result.returncode == 2, result.stderr[-3000:]
     [line] = result.stderr.strip().splitlines()
     assert line.startswith("lmtrain: error: ") and expected in line
@@ -38,17 +32,7 @@ def test_bad_input_gives_one_clear_line_exit_2_and_leaves_no_folder(tmp_path, ar
 
 def test_short_training_run_from_the_command_line(tmp_path):
     run = tmp_path / "run"
-    result = run_cli(
-        "data=synthetic",
-        "logger=csv",
-        "trainer.max_steps=5",
-        "model.hidden_dim=16",
-        "model.emb_dim=16",
-        "progress_bar=false",
-        f"hydra.run.dir={run}",
-        cwd=tmp_path,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = run_cli([*TINY, "logger=csv", "trainer.max_steps=5", f"hydra.run.dir={run}"], tmp_path)
     assert (run / "metrics.csv").is_file() and (run / "checkpoints" / "last.ckpt").is_file()
     assert (run / ".hydra" / "config.yaml").is_file()
     assert (run / "vocab.tsv").read_text().startswith("word\tcount\nw0\t")
@@ -63,13 +47,12 @@ def test_short_training_run_from_the_command_line(tmp_path):
 @pytest.mark.slow  # two CLI processes, ~18 s; tests/test_generate.py and tests/test_score.py call them in process
 def test_generate_and_score_from_the_command_line(trained_run, tmp_path):
     run, _ = trained_run("full", "text")
-    generated = run_cli(
-        f"ckpt_path={run}", "prompt=w1 w2", "num_tokens=5", "seed=1", cwd=tmp_path, module="lmtrain.generate"
-    )
+    generate = [f"ckpt_path={run}", "prompt=w1 w2", "num_tokens=5", "seed=1"]
+    generated = run_cli(generate, tmp_path, module="lmtrain.generate", check=False)
     assert generated.returncode == 0 and generated.stdout.startswith("w1 w2"), generated.stderr[-3000:]
     text = run.parent / "corpus" / "test.txt"
-    scored = run_cli(f"ckpt_path={run}", f"file={text}", cwd=tmp_path, module="lmtrain.score")
+    scored = run_cli([f"ckpt_path={run}", f"file={text}"], tmp_path, module="lmtrain.score", check=False)
     assert scored.returncode == 0 and "perplexity" in scored.stdout, scored.stderr[-3000:]
     assert (run / "score" / "test.csv").is_file()
-    bad = run_cli(f"ckpt_path={run}", "temperature=-1", cwd=tmp_path, module="lmtrain.generate")
+    bad = run_cli([f"ckpt_path={run}", "temperature=-1"], tmp_path, module="lmtrain.generate", check=False)
     assert bad.returncode == 2 and bad.stderr.strip().startswith("lmtrain: error: temperature=-1")

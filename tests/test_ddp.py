@@ -88,8 +88,7 @@ def test_ddp_resume_mid_epoch_matches_the_uninterrupted_ddp_run(tmp_path):
               "checkpoint_every_n_steps=4"]  # fmt: skip
     run_cli([*common, f"hydra.run.dir={tmp_path / 'straight'}"], tmp_path)
     crash = ["+callbacks.crash._target_=tests.helpers.CrashAtStep", "+callbacks.crash.step=45"]  # mid epoch 2
-    crashed = subprocess.run(lmtrain(*common, *crash, f"hydra.run.dir={tmp_path / 'split'}"), cwd=tmp_path,
-                             env=cli_env(tmp_path), capture_output=True, text=True, timeout=400)  # fmt: skip
+    crashed = run_cli([*common, *crash, f"hydra.run.dir={tmp_path / 'split'}"], tmp_path, check=False)
     assert crashed.returncode != 0 and "simulated crash after step 45" in crashed.stderr
     state = read_checkpoint(tmp_path / "split" / "checkpoints" / "last.ckpt")["lmtrain"]["state"]
     assert state[0].shape[1] == 16  # the rows of both ranks (data.batch_size)

@@ -20,8 +20,12 @@ def test_a_cache_changes_nothing_but_the_cost():
     n, d = 101, 6
     weight = augmented(n, d, seed=0)
     cached, plain = make_tree("rff", weight.clone(), leaf_size=4), make_tree("rff_nocache", weight.clone(), leaf_size=4)
-    assert cached.cache.active and cached.cache.table.dtype == torch.float32 and cached.previous.numel() == 0
-    assert not plain.cache.active and plain.previous.shape == weight.shape
+    assert (
+        cached.store.cache.active
+        and cached.store.cache.table.dtype == torch.float32
+        and cached.store.previous.numel() == 0
+    )
+    assert not plain.store.cache.active and plain.store.previous.shape == weight.shape
     gen = torch.Generator().manual_seed(1)
     for _ in range(30):
         rows = torch.randint(0, n, (int(torch.randint(1, 20, (1,), generator=gen)),), generator=gen)
@@ -30,8 +34,8 @@ def test_a_cache_changes_nothing_but_the_cost():
             tree.weight[rows] = weight[rows]
             tree.update(tree.weight, rows)
     torch.testing.assert_close(cached.nodes, plain.nodes, rtol=0, atol=1e-5)
-    torch.testing.assert_close(cached.cache.table[:n], cached.features(weight), rtol=0, atol=1e-6)
-    assert cached.cache.table[n:].eq(0).all()  # padding rows of the last bucket
+    torch.testing.assert_close(cached.store.cache.table[:n], cached.features(weight), rtol=0, atol=1e-6)
+    assert cached.store.cache.table[n:].eq(0).all()  # padding rows of the last bucket
     query = queries(5, d, seed=2)
     every = torch.arange(n).expand(5, n)
     torch.testing.assert_close(cached.log_q(query, every), plain.log_q(query, every), rtol=0, atol=1e-4)
@@ -56,7 +60,7 @@ def test_auto_takes_full_precision_then_bfloat16_then_none_and_only_where_it_pay
 def test_the_sampler_config_reaches_the_cache():
     sampler = RFFSampler(D=16, feature_cache="bfloat16")
     sampler.update(augmented(50, 4, seed=3))
-    assert sampler.tree.cache.table.dtype == torch.bfloat16 and sampler.tree.cache.table.shape[1] == 32
-    assert RFFSampler(D=16, feature_cache="off").tree.cache.mode == "off"
+    assert sampler.tree.store.cache.table.dtype == torch.bfloat16 and sampler.tree.store.cache.table.shape[1] == 32
+    assert RFFSampler(D=16, feature_cache="off").tree.store.cache.mode == "off"
     state = sampler.state_dict()
     assert not any("table" in key for key in state)  # derived state: checkpoints do not carry it

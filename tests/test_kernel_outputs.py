@@ -35,7 +35,7 @@ def train(output: torch.nn.Module, steps: int, seed: int = 0) -> list[float]:
 
 
 def assert_tree_matches_weights(output: torch.nn.Module) -> None:
-    fresh = KernelTree(output.sampler.features, leaf_size=output.sampler.tree.leaf_size)
+    fresh = KernelTree(output.sampler.features, leaf_size=output.sampler.tree.store.leaf_size)
     fresh.rebuild(output.weight.detach())
     torch.testing.assert_close(output.sampler.tree.nodes, fresh.nodes, rtol=1e-5, atol=1e-5)
 

@@ -73,10 +73,10 @@ def test_rff_q_bar_with_binding_clamps_is_a_distribution_that_draws_follow():
     tree = KernelTree(RandomFourierFeatures(D=2, nu=4.0, seed=0), leaf_size=4, eps=1e-3)
     tree.rebuild(augmented(n, d, seed=6))
     psi = tree.mixture(queries(5, d, seed=7))
-    rows, valid = tree._members(torch.arange(tree.num_buckets))
+    rows, valid = tree.store.members(torch.arange(tree.num_buckets))
     class_scores = tree.features.inner(psi, rows)[valid]  # (n,)
     node_scores = tree.nodes[1:] @ psi
-    assert (class_scores < tree.eps).any() and (node_scores[tree.floor[1:] > 0] < tree.eps).any()
+    assert (class_scores < tree.store.eps).any() and (node_scores[tree.store.floor[1:] > 0] < tree.store.eps).any()
     log_q = tree.log_q_all_mixture(psi)
     torch.testing.assert_close(log_q.double().exp().sum(), torch.tensor(1.0, dtype=torch.float64), atol=1e-5, rtol=0)
     torch.manual_seed(8)

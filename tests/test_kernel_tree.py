@@ -47,15 +47,15 @@ def rebuilt(tree: KernelTree, kind: str, weight: torch.Tensor) -> KernelTree:
     """A fresh tree over ``weight`` like ``tree``. A cache's features must equal those a rebuild computes, to
     float32 rounding; a bfloat16 cache may round an entry the other way (one ulp), so the fresh tree is then
     summed from ``tree``'s own cached features."""
-    fresh = make_tree(kind, weight, leaf_size=tree.leaf_size, chunk=tree.chunk_elements)
-    if tree.cache.active:
-        table = tree.cache.table
+    fresh = make_tree(kind, weight, leaf_size=tree.store.leaf_size, chunk=tree.store.chunk_elements)
+    if tree.store.cache.active:
+        table = tree.store.cache.table
         one_ulp = 2**-8 * table.abs().max().float() if table.dtype == torch.bfloat16 else 1e-6
-        assert (table.float() - fresh.cache.table.float()).abs().max() <= one_ulp
-    if tree.cache.active and table.dtype == torch.bfloat16:
-        fresh.cache.table.copy_(table)
-        fresh._set_leaves(torch.arange(fresh.num_buckets))
-        fresh._resum_levels(fresh.nodes)
+        assert (table.float() - fresh.store.cache.table.float()).abs().max() <= one_ulp
+    if tree.store.cache.active and table.dtype == torch.bfloat16:
+        fresh.store.cache.table.copy_(table)
+        fresh.store._set_leaves(torch.arange(fresh.num_buckets))
+        fresh.store._resum_levels(fresh.nodes)
     return fresh
 
 
@@ -71,7 +71,7 @@ def test_log_q_is_a_distribution_and_draws_follow_it(kind, path):
     n, d = 37, 5  # leaf_size 3 -> 16 buckets of 3, the last 3 empty
     weight = augmented(n, d, seed=0)
     tree = make_tree(kind, weight, path)
-    assert tree.num_buckets == 16 and (tree.floor[-3:] == 0).all()
+    assert tree.num_buckets == 16 and (tree.store.floor[-3:] == 0).all()
     gen = torch.Generator().manual_seed(1)
     query = torch.cat([torch.randn(3, d, generator=gen), torch.ones(3, 1)], 1)  # [h, 1]
     every = torch.arange(n).expand(3, n)
@@ -226,17 +226,17 @@ def test_delta_updates_equal_a_rebuild_after_ten_thousand_rounds(kind, refresh):
     for _ in range(10_000):
         rows = torch.randint(0, n, (int(torch.randint(1, 6, (1,), generator=gen)),), generator=gen)
         weight[rows] += 0.02 * torch.randn(rows.numel(), d + 1, generator=gen)
-        before = tree.deltas.clone()
+        before = tree.store.deltas.clone()
         tree.update(weight, rows)
-        by_delta += int((tree.deltas > before).sum())
+        by_delta += int((tree.store.deltas > before).sum())
     fresh = rebuilt(tree, kind, weight)
-    if tree.cache.active:  # the leaves hold the sums of the cached features
-        leaves = tree.cache.table.view(tree.num_buckets, tree.bucket_size, -1).float().sum(1)
+    if tree.store.cache.active:  # the leaves hold the sums of the cached features
+        leaves = tree.store.cache.table.view(tree.num_buckets, tree.bucket_size, -1).float().sum(1)
         assert ((tree.nodes[tree.num_buckets - 1 :] - leaves).abs().max() / scale).item() < 1e-5
     error = ((tree.nodes - fresh.nodes).abs().max() / scale).item()
     assert error < 1e-5, error  # float rounding only, after 10^4 rounds
     assert by_delta > 10_000  # the delta path was taken (most bucket changes are single rows)
-    assert int(tree.deltas.max()) <= refresh  # a bucket is recomputed once it has taken `refresh` deltas
+    assert int(tree.store.deltas.max()) <= refresh  # a bucket is recomputed once it has taken `refresh` deltas
 
 
 def test_bfloat16_projection_is_close_to_the_float32_features():

@@ -58,7 +58,7 @@ def test_batch_shared_draws_follow_the_mixture(kind):
 
 
 def test_kernel_log_q_through_bucket_reach_equals_the_path_reads(monkeypatch):
-    monkeypatch.setattr(kernel_tree, "GATHER_COST", 1e9)  # always through _log_reach
+    monkeypatch.setattr(kernel_tree, "GATHER_COST", 1e9)  # always through walk.log_reach
     sampler = make_sampler("rff", share=0.25)
     query = queries(2, DIM, seed=5)
     some = torch.tensor([[0, 5, 5, 77, N_CLASSES - 1], [3, 3, 64, 65, 119]])

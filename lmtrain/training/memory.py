@@ -15,9 +15,9 @@ def reuse_freed_memory() -> bool:
 
     By default glibc serves large blocks with mmap (from 128 KiB, a threshold it raises as such blocks are
     freed) and gives free memory at the top of the heap back to the system, so a training step's logits,
-    gradients and activations are faulted in page by page again and again. On the 2-core development machine
-    keeping them raised PTB full-softmax throughput by about 15% (docs/results.md). Returns whether the
-    settings were applied (Linux with glibc only; elsewhere nothing changes).
+    gradients and activations are faulted in page by page again and again; keeping them saves those page faults
+    at every step (docs/architecture.md, measured design choices). Returns whether the settings were applied
+    (Linux with glibc only; elsewhere nothing changes).
     """
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False

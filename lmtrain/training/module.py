@@ -10,9 +10,10 @@ from torch import Tensor, nn
 from lmtrain.model import State
 from lmtrain.output import OutputLayer
 from lmtrain.sampler.precision import float32_region
-from lmtrain.training.ddp import ddp_ignored, global_state, mean_over_ranks, rank_block
+from lmtrain.training.ddp import ddp_ignored, mean_over_ranks
 from lmtrain.training.optim import build_optimizer
-from lmtrain.training.rng import get_rng_states, set_rng_states
+from lmtrain.training.resume import Resumed, checkpoint_entry, resume_fit
+from lmtrain.training.rng import set_rng_states
 from lmtrain.training.schedule import build_scheduler
 from lmtrain.training.step import NonFiniteLossError, after_update, clip_gradients, window_log_prob, window_loss
 from lmtrain.training.step_metrics import StepMetrics
@@ -24,7 +25,8 @@ class LanguageModel(StepMetrics):
     """An encoder (tokens -> hidden) and an output strategy (hidden -> loss / exact log-prob).
 
     The LSTM state is carried across the windows of an epoch and detached (truncated BPTT); it is saved in
-    checkpoints together with the data position and RNG states, so a resumed run continues exactly.
+    checkpoints together with the data position and RNG states, so a resumed run continues exactly
+    (``lmtrain.training.resume``).
     """
 
     def __init__(
@@ -39,8 +41,7 @@ class LanguageModel(StepMetrics):
         self._state: dict[str, State | None] = {"train": None, "val": None, "test": None}
         self._eval_sums: Tensor = torch.zeros(2, dtype=torch.float64)  # (sum of -log p, token count)
         self._batches_done = 0  # training windows finished in the current epoch
-        self._continue_epoch = False
-        self._restore_rng: dict[str, Any] | None = None
+        self._resumed: Resumed | None = None  # from the checkpoint of a resumed fit, until its first batch
 
     # --- one window (lmtrain.training.step) ----------------------------------------------------------
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
@@ -54,16 +55,15 @@ class LanguageModel(StepMetrics):
         return window.objective
 
     def on_train_epoch_start(self) -> None:
-        if self._continue_epoch:  # resumed mid-epoch (Lightning may or may not call this hook then)
-            self._continue_epoch = False
+        if self._resumed is not None and self._resumed.mid_epoch:  # Lightning may or may not call this hook then
+            self._resumed.mid_epoch = False
             return
         self._state["train"], self._batches_done = None, 0
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        self._continue_epoch = False  # the resumed epoch is under way; the next epoch start resets
-        if self._restore_rng is not None:
-            set_rng_states(self._restore_rng)
-            self._restore_rng = None
+        if self._resumed is not None:  # the resumed epoch is under way; the next epoch start resets
+            set_rng_states(self._resumed.rng)  # not earlier: creating the loader iterator may draw numbers
+            self._resumed = None
 
     # --- exact evaluation --------------------------------------------------------------------------
     def _eval_step(self, batch: tuple[Tensor, Tensor], split: str) -> None:
@@ -155,33 +155,14 @@ class LanguageModel(StepMetrics):
             )
         for logger in self.loggers:  # metrics on disk stay in step with the checkpoint a resume starts from
             logger.save()
-        checkpoint["lmtrain"] = {
-            "batches_done": self._batches_done,
-            "state": global_state(self._state["train"], self),
-            "signature": getattr(self, "signature", {}),
-            "wandb_id": getattr(self, "wandb_id", None),
-            "rng": get_rng_states(),
-            "train_seconds": self.training_seconds(),
-        }
+        checkpoint["lmtrain"] = checkpoint_entry(self, self._batches_done, self._state["train"])
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        saved = checkpoint.get("lmtrain")
-        if saved is None or self._trainer is None or self.trainer.state.fn != "fit":
+        if self._trainer is None or self.trainer.state.fn != "fit":
             return
-        self._restore_rng = saved["rng"]  # applied at the first batch: iterator creation may draw numbers
-        self.train_seconds = float(saved.get("train_seconds", 0.0))
-        # Lightning marks an epoch completed when max_steps stopped it: then the next epoch starts afresh
-        epoch = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {}).get("current", {})
-        finished = epoch.get("completed", 0) >= epoch.get("ready", 0)
-        done = saved["batches_done"]
-        if not finished and 0 < done < self._batches_per_epoch():
-            # before Lightning creates (and prefetches from) the loader iterator: start at the next window
-            self.trainer.datamodule.train_sampler.set_start(done)
-            state = rank_block(saved["state"], self.trainer)  # this rank's rows of the global batch
-            self._state["train"], self._batches_done, self._continue_epoch = state, done, True
-
-    def _batches_per_epoch(self) -> int:
-        """Lightning's num_training_batches, computed before Lightning knows it (windows and limit_train_batches)."""
-        windows = self.trainer.datamodule.num_train_windows
-        limit = self.trainer.limit_train_batches
-        return min(windows, limit) if isinstance(limit, int) else int(windows * (1.0 if limit is None else limit))
+        self._resumed = resume_fit(checkpoint, self.trainer)  # also sets the data sampler's start
+        if self._resumed is None:
+            return
+        self.train_seconds = self._resumed.train_seconds
+        if self._resumed.mid_epoch:
+            self._state["train"], self._batches_done = self._resumed.state, self._resumed.batches_done

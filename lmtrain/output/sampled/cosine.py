@@ -20,9 +20,10 @@ class CosineSampledSoftmax(SampledSoftmax):
 
     ``norm_eps`` (default 2) normalizes the hidden state softly, h / sqrt(|h|^2 + eps^2): the unit vector once
     |h| >> eps, but linear near zero, so the gradient into the LSTM is at most tau / eps instead of tau / |h|.
-    With exact normalization (``norm_eps=0``) a freshly initialized LSTM (|h| ~ 0.7) receives gradients about
-    20x larger than under a dot-product softmax; SGD at lr 1 then drives every position to one saturated hidden
-    state within ~50 steps (measured, docs/strategies.md). The class vectors are always normalized exactly.
+    With exact normalization (``norm_eps=0``) the gradient scales as tau / |h|, and a freshly initialized LSTM has
+    |h| below 1, so it receives gradients far larger than under a dot-product softmax; SGD at lr 1 then drives
+    every position to one saturated hidden state within the first steps (the measurements: docs/strategies.md,
+    "Why the hidden state is normalized softly"). The class vectors are always normalized exactly.
     """
 
     Options: ClassVar[type[CosineOptions]] = CosineOptions

@@ -92,8 +92,9 @@ class QuadraticFeatures(FeatureMap):
         return in_features * (in_features + 1) // 2 + 1
 
     def _triangle(self, dim: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """Row and column of each upper-triangle entry, its index in a flattened (d, d) matrix (reading a flat
-        index_select is ~5x faster than indexing with the (row, column) pairs) and its scale."""
+        """Row and column of each upper-triangle entry, its index in a flattened (d, d) matrix (a flat index_select
+        is one gather with one index per entry, where indexing with the (row, column) pairs broadcasts and
+        combines two; docs/architecture.md, measured design choices) and its scale."""
         key = (dim, device, dtype)
         if key not in self._triangles:
             rows, cols = torch.triu_indices(dim, dim, device=device)  # (d (d + 1) / 2,) each
@@ -160,9 +161,10 @@ class RandomFourierFeatures(FeatureMap):
     Omega is drawn once from ``seed`` when the input size is first seen and is a persistent
     buffer, so checkpoints carry it and a resumed run samples from the same features.
     ``projection="bfloat16"`` computes Omega u from bfloat16 copies of u and Omega (float32 accumulation and
-    output; 2.3x faster on a CPU with AVX512-BF16): a slightly different feature map (angles off by ~0.003 rad
-    on average at d = 200, kernel estimates by ~1% of the estimate's own 1 / sqrt(D) noise), used alike for
-    queries and classes, so every q and log q is exactly that of the tree walked.
+    output), which pays only on CPUs with native bfloat16 products (AVX512-BF16): a slightly different feature
+    map (bfloat16 rounds u and Omega to 8 significant bits, which moves the kernel estimates far less than their
+    own 1 / sqrt(D) noise; docs/strategies.md), used alike for queries and classes, so every q and log q is
+    exactly that of the tree walked.
     """
 
     def __init__(
@@ -219,8 +221,10 @@ class RandomFourierFeatures(FeatureMap):
 
     def forward(self, x: Tensor) -> Tensor:
         proj = self.project(x)  # (..., D)
-        out = proj.new_empty(*proj.shape[:-1], 2 * self.num_frequencies)  # cos and sin written in place: 3x faster
-        torch.cos(proj, out=out[..., : self.num_frequencies])  # than cat + divide on big inputs (fewer passes)
+        # cos and sin written in place, then one in-place scale: fewer passes over the (..., 2D) output (and no
+        # temporaries) than cat + divide, which matters on big inputs (docs/architecture.md, measured design choices)
+        out = proj.new_empty(*proj.shape[:-1], 2 * self.num_frequencies)
+        torch.cos(proj, out=out[..., : self.num_frequencies])
         torch.sin(proj, out=out[..., self.num_frequencies :])
         return out.mul_(1 / math.sqrt(self.num_frequencies))
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 
 import torch
@@ -12,20 +11,26 @@ from torch import Tensor, nn
 from lmtrain.sampler.kernel.cache import FeatureCache
 from lmtrain.sampler.kernel.features import FeatureMap
 
-GATHER_CHUNK = 1 << 20  # elements of gathered node sums per block of walkers (4 MiB): measured at n = 10^6
-UPDATE_CHUNK = 1 << 21  # elements of the temporaries of one chunk of changed rows (8 MiB): measured at n = 10^4, 10^6
+# elements of the temporaries of one chunk of changed rows (8 MiB): small enough to stay in cache and to be reused
+# without page faults, large enough for few Python steps (docs/architecture.md, measured design choices)
+UPDATE_CHUNK = 1 << 21
 DELTA_COST = 2  # a changed row's delta costs two member rows of a bucket recompute (phi(new) and phi(old))
 
 
 class TreeStore(nn.Module):
-    """A complete binary tree over buckets of classes whose nodes store z(C) = sum of phi(w_j), j in C.
+    """The node sums of a ``KernelTree``: a complete binary tree over buckets of classes whose nodes store
+    z(C) = sum of phi(w_j), j in C.
 
     Classes are cut into ``2^depth`` contiguous buckets of at most ``leaf_size`` classes (spread
     evenly; trailing buckets may be empty, have zero sums and are never chosen). ``nodes`` is a heap
     array (2B - 1, F): node i has children 2i + 1 and 2i + 2; ``floor`` (2B - 1,) is the clamp of each
     node's score, eps for non-empty nodes and 0 for empty ones. ``leaf_size=None`` uses F / d
-    (F = dim phi, d = dim w), which keeps node memory near 2-4x the weight matrix: about
-    (2 * 2^ceil(log2(n / leaf_size))) * F floats. The walks over the tree live in ``TreeWalk``.
+    (F = dim phi, d = dim w), which keeps the node memory between 2 and 4 times the weight matrix's n d floats
+    whatever F is: 2B - 1 nodes of F = L d floats, B = n / L rounded up to a power of two. The store only holds
+    and maintains the sums: the walks over them live in ``TreeWalk``, the per-class scores in ``KernelTree``.
+
+    ``features`` is borrowed, not owned: the ``KernelTree`` that builds this store registers the feature map (so
+    it is checkpointed and moved once, under ``tree.features``) and the store only computes with it.
 
     ``update`` brings the buckets holding changed rows up to date. With a ``FeatureCache`` (``feature_cache``,
     the phi(w) of every class) a changed row enters its bucket as phi(new) - cached phi(old), one feature vector
@@ -38,12 +43,13 @@ class TreeStore(nn.Module):
     at its next change, which bounds that drift (tests: 10^4 rounds equal a rebuild).
     """
 
+    features: FeatureMap
+
     def __init__(
         self,
         features: FeatureMap,
         leaf_size: int | None = None,
         eps: float = 1e-6,
-        dense_factor: int = 64,
         chunk_elements: int = 1 << 22,
         refresh: int = 64,
         feature_cache: str | bool | None = "auto",
@@ -56,14 +62,12 @@ class TreeStore(nn.Module):
         if int(refresh) < 0:
             raise ValueError(f"sampler.refresh must be >= 0 (0: recompute changed buckets), got {refresh}")
         self.refresh = int(refresh)
-        self.features = features
+        object.__setattr__(self, "features", features)  # borrowed: a plain assignment would register it here too
         self.cache = FeatureCache(feature_cache)
         self.leaf_size = None if leaf_size is None else int(leaf_size)
-        self.eps, self.dense_factor, self.chunk_elements = float(eps), dense_factor, chunk_elements
-        self.gather_elements = GATHER_CHUNK
+        self.eps, self.chunk_elements = float(eps), chunk_elements
         self.num_classes = self.depth = self.bucket_size = 0
         self.weight: Tensor | None = None  # the latest weights given to rebuild/update (not a buffer)
-        self.version = 0  # counts rebuilds and updates: what was derived from the nodes before is stale
         self.register_buffer("nodes", torch.empty(0), persistent=False)  # (2B - 1, F)
         self.register_buffer("floor", torch.empty(0), persistent=False)  # (2B - 1,) eps or 0 (empty)
         self.register_buffer("previous", torch.empty(0), persistent=False)  # (n, d) the rows the leaves hold
@@ -71,13 +75,13 @@ class TreeStore(nn.Module):
 
     @property
     def num_buckets(self) -> int:
+        """B = 2^depth buckets (leaves)."""
         return 1 << self.depth
 
     # --- building -------------------------------------------------------------------------------
     def rebuild(self, weight: Tensor) -> None:
         """Recompute every node from ``weight`` (n, d)."""
         n, dim = weight.shape
-        self.version += 1
         size = self.leaf_size or max(1, math.ceil(self.features.out_features(dim) / dim))
         self.depth = max(0, math.ceil(math.log2(math.ceil(n / size))))
         self.bucket_size, self.num_classes = math.ceil(n / self.num_buckets), n
@@ -102,7 +106,6 @@ class TreeStore(nn.Module):
         """Bring the buckets holding ``rows`` up to the current ``weight`` (recomputed, or by deltas for the
         changed rows: see the class docstring) and re-sum their ancestors."""
         self.weight = weight
-        self.version += 1
         if rows.numel() == 0:
             return
         rows = torch.unique(rows)  # sorted: the rows of one bucket are contiguous
@@ -129,12 +132,6 @@ class TreeStore(nn.Module):
                 children = pairs.index_select(0, heap[lo : lo + step])  # (h, 2, F)
                 self.nodes.index_copy_(0, heap[lo : lo + step], torch.add(children[:, 0], children[:, 1]))
 
-    def timed_rebuild(self, weight: Tensor) -> float:
-        """rebuild(weight) and return the seconds it took."""
-        start = time.perf_counter()
-        self.rebuild(weight)
-        return time.perf_counter() - start
-
     def _resum_levels(self, heap: Tensor) -> None:
         """Every internal node of a heap array := left child + right child, bottom-up."""
         for level in reversed(range(self.depth)):
@@ -152,7 +149,7 @@ class TreeStore(nn.Module):
             if cached:
                 sums = self.cache.bucket_sums(chunk, size, self.nodes.dtype)
             else:
-                sums = self.features.node_sums(*self._members(chunk))
+                sums = self.features.node_sums(*self.members(chunk))
             self.nodes.index_copy_(0, chunk + (self.num_buckets - 1), sums)
 
     def _add_deltas(self, rows: Tensor, owner: Tensor, by_delta: Tensor) -> None:
@@ -200,31 +197,18 @@ class TreeStore(nn.Module):
             self.nodes.index_add_(0, buckets[group] + (self.num_buckets - 1), sums)
             lo = hi
 
-    def _member_ids(self, buckets: Tensor) -> Tensor:
+    # --- what the walks and the scorings read --------------------------------------------------------
+    def member_ids(self, buckets: Tensor) -> Tensor:
         """Class ids (..., L) of the slots of ``buckets`` (...); ids >= n are the padding of the last buckets."""
         return buckets.unsqueeze(-1) * self.bucket_size + torch.arange(self.bucket_size, device=buckets.device)
 
-    def _members(self, buckets: Tensor) -> tuple[Tensor, Tensor]:
+    def members(self, buckets: Tensor) -> tuple[Tensor, Tensor]:
         """Rows (..., L, d) of the classes in ``buckets`` (...) and their validity mask (..., L)."""
-        ids = self._member_ids(buckets)
+        ids = self.member_ids(buckets)
         rows = self.weight.index_select(0, ids.clamp(max=self.num_classes - 1).view(-1))
         return rows.view(*ids.shape, -1), ids < self.num_classes
 
-    # --- helpers for the walks --------------------------------------------------------------------
-    def _check(self, query: Tensor) -> None:
-        if self.weight is None:
-            raise RuntimeError("KernelTree is empty: call update(weight) (or rebuild) before sampling")
-        if query.shape[-1] != self.weight.shape[1]:
-            raise ValueError(f"query has {query.shape[-1]} features, class vectors {self.weight.shape[1]}")
-
-    def _dense(self, width: int, n_query: int, gathered: int, factor: float | None = None) -> bool:
-        """Whether scoring all ``width`` items for every query (one pass over them plus a GEMM) is cheaper than
-        gathering ``gathered`` items per query; ``factor`` (default ``dense_factor``) = GEMM speed relative to
-        gather speed, per element."""
-        factor = self.dense_factor if factor is None else factor
-        return width * (factor + n_query) <= factor * n_query * gathered
-
-    def _blocks(self, fn: Callable[[int, int], Tensor], count: int, per_item: int, budget: int | None = None) -> Tensor:
+    def blocks(self, fn: Callable[[int, int], Tensor], count: int, per_item: int, budget: int | None = None) -> Tensor:
         """fn over blocks of ``count`` items (queries, nodes) sized so each block's temporaries hold about
         ``budget`` elements (default ``chunk_elements``; ``per_item`` elements per item), concatenated along dim 0."""
         step = max(1, min(self.chunk_elements, budget or self.chunk_elements) // per_item)

@@ -2,27 +2,31 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import time
 
 import torch
 from torch import Tensor, nn
 
+from lmtrain.sampler.kernel.buckets import BucketScorer, BucketScores
+from lmtrain.sampler.kernel.features import FeatureMap
+from lmtrain.sampler.kernel.store import TreeStore
 from lmtrain.sampler.kernel.walk import TreeWalk
 
-GATHER_COST = 4.0  # a node read by a per-id path gather costs ~4x one read by a level's GEMM (PTB shape, 1 thread)
-WALK_COST = 0.5  # walk cost units per dense cost unit; measured at the PTB shape (docs/strategies.md)
+# the cost of a node read by a per-id path gather (scattered rows, a small product each) in units of one read by a
+# level's GEMM (one streamed product), and of a walk's work in units of a dense draw's: both measured constants of
+# the cost rules below (docs/architecture.md, measured design choices)
+GATHER_COST = 4.0
+WALK_COST = 0.5
 DENSE_MAX_ENTRIES = 1 << 26  # (N, n) log q entries a dense draw may hold (256 MiB in float32)
 
 
-class BucketScores(NamedTuple):
-    """One psi's in-bucket log weights (B, L), filled for the buckets marked ``done`` (B,): a step's table."""
+class KernelTree(nn.Module):
+    """Draws from kernel proposals through a tree of node sums z(C) = sum of phi(w_j), j in C.
 
-    table: Tensor
-    done: Tensor
-
-
-class KernelTree(TreeWalk):
-    """Draws from kernel proposals through a tree of node sums z(C) = sum of phi(w_j), j in C (``TreeStore``).
+    It is composed of parts with one job each, which the methods below put together: the feature map ``features``
+    (phi; the only part with checkpointed state, RFF's frequencies), the ``store`` (``TreeStore``: the node sums,
+    built and updated from the weights), the ``walk`` (``TreeWalk``: the descent through the store's sums and the
+    probability of its paths) and the ``scorer`` (``BucketScorer``: the weights of the classes inside a bucket).
 
     Per example (``sample``, ``log_q``): query h descends with phi(h) (``TreeWalk``), then picks a class in the
     bucket with probability K(h, w_j) / sum over the bucket, computed exactly in the original space.
@@ -40,6 +44,69 @@ class KernelTree(TreeWalk):
     psi: a step's proposal (``lmtrain.sampler.kernel.proposal``) computes each once for its draws and its targets.
     """
 
+    def __init__(
+        self,
+        features: FeatureMap,
+        leaf_size: int | None = None,
+        eps: float = 1e-6,
+        dense_factor: float = 64,
+        chunk_elements: int = 1 << 22,
+        refresh: int = 64,
+        feature_cache: str | bool | None = "auto",
+    ) -> None:
+        super().__init__()
+        self.features = features  # registered here only: its state-dict keys stay `...tree.features.*`
+        self.store = TreeStore(features, leaf_size, eps, chunk_elements, refresh, feature_cache)  # no persistent state
+        self.walk = TreeWalk(self.store, dense_factor)  # not a module (nor the scorer): they hold no tensors
+        self.scorer = BucketScorer(features, self.store, self.walk)
+
+    # --- the store: building and the shape of the tree --------------------------------------------
+    def rebuild(self, weight: Tensor) -> None:
+        """Recompute every node from ``weight`` (n, d)."""
+        self.store.rebuild(weight)
+
+    def update(self, weight: Tensor, rows: Tensor) -> None:
+        """Bring the buckets holding the changed ``rows`` up to the current ``weight`` (``TreeStore.update``)."""
+        self.store.update(weight, rows)
+
+    def timed_rebuild(self, weight: Tensor) -> float:
+        """rebuild(weight) and return the seconds it took."""
+        start = time.perf_counter()
+        self.rebuild(weight)
+        return time.perf_counter() - start
+
+    @property
+    def weight(self) -> Tensor | None:
+        """The class vectors (n, d) of the last rebuild or update, None before the first."""
+        return self.store.weight
+
+    @property
+    def nodes(self) -> Tensor:
+        """The node sums (2B - 1, F), a heap array."""
+        return self.store.nodes
+
+    @property
+    def num_classes(self) -> int:
+        return self.store.num_classes
+
+    @property
+    def num_buckets(self) -> int:
+        return self.store.num_buckets
+
+    @property
+    def bucket_size(self) -> int:
+        return self.store.bucket_size
+
+    @property
+    def depth(self) -> int:
+        return self.store.depth
+
+    def _check(self, query: Tensor) -> None:
+        if self.weight is None:
+            raise RuntimeError("KernelTree is empty: call update(weight) (or rebuild) before sampling")
+        if query.shape[-1] != self.weight.shape[1]:
+            raise ValueError(f"query has {query.shape[-1]} features, class vectors {self.weight.shape[1]}")
+
     # --- per example ----------------------------------------------------------------------------
     def sample(self, query: Tensor, num_samples: int, phi: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """query (N, d) -> ids (N, m) drawn per example, and their exact log q (N, m)."""
@@ -47,8 +114,8 @@ class KernelTree(TreeWalk):
         n_query = query.shape[0]
         uniform = torch.rand(self.depth, n_query * num_samples, device=query.device)
         phi = self.features(query) if phi is None else phi
-        bucket, log_path = self._descend(phi, num_samples, uniform)  # (W,) each, W = N m
-        ids, log_in = self._pick(*self._kernel_log_weights(query, bucket, num_samples))  # (W,) each
+        bucket, log_path = self.walk.descend(phi, num_samples, uniform)  # (W,) each, W = N m
+        ids, log_in = self.walk.pick(*self.scorer.kernel(query, bucket, num_samples))  # (W,) each
         return ids.view(n_query, num_samples), (log_path + log_in).view(n_query, num_samples)
 
     def sample_dense(self, query: Tensor, num_samples: int, phi: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -62,8 +129,8 @@ class KernelTree(TreeWalk):
     def dense_draw_pays(self, n_query: int, num_samples: int) -> bool:
         """Whether ``sample_dense`` costs less than ``sample`` for N queries and m draws each: dense reads every
         node once per query (2B F) and scores every class (n d); m walks read depth x 2F node values and a bucket
-        of L classes each. ``WALK_COST`` converts between the two; measured at the PTB shape (N = 400, d' = 201,
-        n = 10^4, one thread), the crossover is m ~ 40 for quadratic and m ~ 270 for RFF (D = 1024)."""
+        of L classes each. ``WALK_COST`` converts between the two (a walk's reads are scattered, a dense draw's
+        streamed; the crossover it gives is in docs/strategies.md)."""
         in_features = self.weight.shape[1]
         feats = self.nodes.shape[1]
         dense = 2 * self.num_buckets * feats + self.num_classes * in_features
@@ -75,26 +142,26 @@ class KernelTree(TreeWalk):
         self._check(query)
         n_query, k = ids.shape
         bucket = torch.div(ids, self.bucket_size, rounding_mode="floor")  # (N, k)
-        logk, _ = self._kernel_log_weights(query, bucket.reshape(-1), k)  # (W, L)
+        logk, _ = self.scorer.kernel(query, bucket.reshape(-1), k)  # (W, L)
         pick = (ids - bucket * self.bucket_size).view(-1, 1)  # (W, 1)
         log_in = (logk.gather(1, pick).squeeze(1) - torch.logsumexp(logk, 1)).view(n_query, k)
         if self.depth == 0:
             return log_in
-        return self._path_log_q(self.features(query) if phi is None else phi, bucket) + log_in
+        return self.walk.path_log_q(self.features(query) if phi is None else phi, bucket) + log_in
 
     def log_q_many(self, query: Tensor, ids: Tensor, phi: Tensor | None = None) -> Tensor:
         """``log_q`` of ids (N, k) drawn elsewhere (a kernel proposal's unigram share), through every query's
-        probability of reaching every bucket (one product per level, ``_log_reach``) when the tree has few buckets
-        for the number of ids: reach reads 2B node sums per query, the paths k x depth x 2 (gathered,
+        probability of reaching every bucket (one product per level, ``TreeWalk.log_reach``) when the tree has few
+        buckets for the number of ids: reach reads 2B node sums per query, the paths k x depth x 2 (gathered,
         ``GATHER_COST`` times slower each)."""
         n_query, k = ids.shape
         if self.depth == 0 or self.num_buckets > GATHER_COST * k * self.depth * 2:
             return self.log_q(query, ids, phi)
         bucket = torch.div(ids, self.bucket_size, rounding_mode="floor")  # (N, k)
-        logk, _ = self._kernel_log_weights(query, bucket.reshape(-1), k)  # (N k, L)
+        logk, _ = self.scorer.kernel(query, bucket.reshape(-1), k)  # (N k, L)
         pick = (ids - bucket * self.bucket_size).view(-1, 1)  # (N k, 1)
         log_in = (logk.gather(1, pick).squeeze(1) - torch.logsumexp(logk, 1)).view(n_query, k)
-        reach = self._log_reach(self.features(query) if phi is None else phi)  # (N, B)
+        reach = self.walk.log_reach(self.features(query) if phi is None else phi)  # (N, B)
         return reach.gather(1, bucket) + log_in  # (N, k)
 
     def log_q_all(self, query: Tensor, phi: Tensor | None = None) -> Tensor:
@@ -102,36 +169,12 @@ class KernelTree(TreeWalk):
         the tree at once times the in-bucket probabilities. For diagnostics."""
         self._check(query)
         n_query, size = query.shape[0], self.bucket_size
-        log_node = self._log_reach(self.features(query) if phi is None else phi)  # (N, B)
+        log_node = self.walk.log_reach(self.features(query) if phi is None else phi)  # (N, B)
         dots = self.features.prepare(query) @ self.features.prepare(self.weight).T  # (N, n)
         logk = self.features.log_kernel_dot(dots)
         logk = nn.functional.pad(logk, (0, self.num_buckets * size - self.num_classes), value=float("-inf"))
         log_in = torch.log_softmax(logk.view(n_query, self.num_buckets, size), dim=2)  # (N, B, L)
         return (log_node.unsqueeze(2) + log_in).flatten(1)[:, : self.num_classes]
-
-    def _kernel_log_weights(self, query: Tensor, bucket: Tensor, k: int) -> tuple[Tensor, Tensor]:
-        """log K(h, w_j) for the members of each walker's bucket (W,) -> (W, L) (-inf on padding),
-        and the member ids (W, L); walker w belongs to query w // k."""
-        size, n_query = self.bucket_size, query.shape[0]
-        ids = self._member_ids(bucket)  # (W, L)
-        prepared = self.features.prepare(query)
-        if self._dense(self.num_buckets, n_query, k):  # all dot products in one GEMM, then pick
-            dots = prepared @ self.features.prepare(self.weight).T  # (N, n)
-            dots = nn.functional.pad(dots, (0, self.num_buckets * size - self.num_classes))
-            qrow = torch.arange(n_query, device=bucket.device).repeat_interleave(k)  # (W,)
-            dots = dots.view(-1, size).index_select(0, bucket + qrow * self.num_buckets)  # (W, L)
-        else:
-
-            def block(lo: int, hi: int) -> Tensor:
-                where = ids[lo * k : hi * k].clamp(max=self.num_classes - 1).view(-1)
-                rows = self.features.prepare(self.weight.index_select(0, where)).view(hi - lo, k * size, -1)
-                return torch.bmm(prepared[lo:hi].unsqueeze(1), rows.transpose(1, 2)).view(-1, size)
-
-            dots = self._blocks(block, n_query, k * size * query.shape[1])
-        logk = self.features.log_kernel_dot(dots)
-        if self.num_buckets * size > self.num_classes:  # padding slots of the last buckets
-            logk = logk.masked_fill(ids >= self.num_classes, float("-inf"))
-        return logk, ids
 
     # --- batch-shared: the mixture of the batch's proposals -------------------------------------
     def mixture(self, query: Tensor) -> Tensor:
@@ -142,20 +185,19 @@ class KernelTree(TreeWalk):
         depend on the scale except through the eps clamps, and with weights summing to 1 the node scores keep
         the scale of one query's (for the quadratic kernel every score is >= |C| >= 1, so no clamp binds)."""
         self._check(query)
-        return self.features.mixture(query, self.nodes[0], self.floor[0])
+        return self.features.mixture(query, self.nodes[0], self.store.floor[0])
 
     def bucket_scores(self, psi: Tensor) -> BucketScores:
         """An empty table of psi's in-bucket log weights, filled as buckets are asked for (``BucketScores``)."""
-        done = torch.zeros(self.num_buckets, dtype=torch.bool, device=psi.device)
-        return BucketScores(psi.new_empty(self.num_buckets, self.bucket_size), done)
+        return self.scorer.empty(psi)
 
     def sample_mixture(
         self, psi: Tensor, num_samples: int, scores: BucketScores | None = None
     ) -> tuple[Tensor, Tensor]:
         """``num_samples`` ids (m,) drawn with psi's walk (see ``mixture``) and their exact log q-bar (m,)."""
         uniform = torch.rand(self.depth, num_samples, device=psi.device)
-        bucket, log_path = self._descend(psi.unsqueeze(0), num_samples, uniform)  # (m,) each
-        ids, log_in = self._pick(*self._mixture_log_weights(psi, bucket, scores))  # (m,) each
+        bucket, log_path = self.walk.descend(psi.unsqueeze(0), num_samples, uniform)  # (m,) each
+        ids, log_in = self.walk.pick(*self.scorer.mixture(psi, bucket, scores))  # (m,) each
         return ids, log_path + log_in
 
     def log_q_mixture(self, psi: Tensor, ids: Tensor, scores: BucketScores | None = None) -> Tensor:
@@ -163,42 +205,13 @@ class KernelTree(TreeWalk):
         flat = ids.reshape(-1)
         bucket = torch.div(flat, self.bucket_size, rounding_mode="floor")  # (K,)
         distinct, inverse = torch.unique(bucket, return_inverse=True)  # each bucket's members scored once
-        logw, _ = self._mixture_log_weights(psi, distinct, scores)  # (u, L)
+        logw, _ = self.scorer.mixture(psi, distinct, scores)  # (u, L)
         log_in = torch.log_softmax(logw, 1)[inverse, flat - bucket * self.bucket_size]  # (K,)
-        return (self._shared_path_log_q(psi, bucket) + log_in).view(ids.shape)
+        return (self.walk.shared_path_log_q(psi, bucket) + log_in).view(ids.shape)
 
     def log_q_all_mixture(self, psi: Tensor) -> Tensor:
         """Exact log q-bar of every class, (n,): psi's branch probabilities for every node at once times the
         in-bucket probabilities. For diagnostics and tests."""
-        log_node = self._log_reach(psi.unsqueeze(0))[0]  # (B,)
-        logw, _ = self._mixture_log_weights(psi, torch.arange(self.num_buckets, device=psi.device))  # (B, L)
+        log_node = self.walk.log_reach(psi.unsqueeze(0))[0]  # (B,)
+        logw, _ = self.scorer.mixture(psi, torch.arange(self.num_buckets, device=psi.device))  # (B, L)
         return (log_node.unsqueeze(1) + torch.log_softmax(logw, 1)).flatten()[: self.num_classes]
-
-    def _mixture_log_weights(
-        self, psi: Tensor, bucket: Tensor, scores: BucketScores | None = None
-    ) -> tuple[Tensor, Tensor]:
-        """log max(<psi, phi(w_j)>, eps) for the members of each bucket (W,) -> (W, L) (-inf on padding), and the
-        member ids (W, L). A step asks twice for one psi (its draws, then its targets' log q-bar), mostly for the
-        same buckets: with the step's ``scores`` each bucket is scored once (B x L values), with phi(w_j) read from
-        the feature cache when there is one, in memory-bounded chunks."""
-        table, done = scores if scores is not None else self.bucket_scores(psi)
-        distinct = torch.unique(bucket)
-        todo = distinct[~done[distinct]]  # (u,) buckets not scored yet for this psi
-        cached = self.cache.active
-
-        def block(lo: int, hi: int) -> Tensor:
-            if cached:  # the cache's padding rows are zero: their scores clamp to eps and are masked below
-                members = self._member_ids(todo[lo:hi])  # (b, L)
-                valid = members < self.num_classes
-                scores = self.cache.scores(psi, members).clamp_min(self.eps)  # (b, L)
-            else:
-                rows, valid = self._members(todo[lo:hi])  # (b, L, d), (b, L)
-                scores = self.features.inner(psi, rows).clamp_min(self.eps)  # (b, L)
-            return scores.log().masked_fill(~valid, float("-inf"))
-
-        if todo.numel():
-            dim = psi.numel() if cached else self.weight.shape[1]
-            per_bucket = self.bucket_size * dim if cached else self.features.sum_elements(self.bucket_size, dim)
-            table[todo] = self._blocks(block, todo.numel(), per_bucket)
-            done[todo] = True
-        return table[bucket], self._member_ids(bucket)  # (W, L) each

@@ -1,0 +1,89 @@
+"""The weights of the classes inside a kernel tree's buckets: for per-example queries and for a mixture's psi."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from lmtrain.sampler.kernel.features import FeatureMap
+from lmtrain.sampler.kernel.store import TreeStore
+from lmtrain.sampler.kernel.walk import TreeWalk
+
+
+class BucketScores(NamedTuple):
+    """One psi's in-bucket log weights (B, L), filled for the buckets marked ``done`` (B,): a step's table."""
+
+    table: Tensor
+    done: Tensor
+
+
+class BucketScorer:
+    """Log-weights of the members of buckets, the last step of a ``KernelTree`` draw: per example, log K(h, w_j)
+    computed exactly in the original space; for a batch's mixture, log max(<psi, phi(w_j)>, eps). Padding slots of
+    the last buckets get -inf. It reads the store's weights (and feature cache) at every call and takes the walk's
+    cost rule (``TreeWalk.dense``) for choosing one GEMM over per-walker gathers.
+    """
+
+    def __init__(self, features: FeatureMap, store: TreeStore, walk: TreeWalk) -> None:
+        self.features, self.store, self.walk = features, store, walk
+
+    def empty(self, psi: Tensor) -> BucketScores:
+        """An empty table of psi's in-bucket log weights, filled as buckets are asked for."""
+        done = torch.zeros(self.store.num_buckets, dtype=torch.bool, device=psi.device)
+        return BucketScores(psi.new_empty(self.store.num_buckets, self.store.bucket_size), done)
+
+    def kernel(self, query: Tensor, bucket: Tensor, k: int) -> tuple[Tensor, Tensor]:
+        """log K(h, w_j) for the members of each walker's bucket (W,) -> (W, L) (-inf on padding),
+        and the member ids (W, L); walker w belongs to query w // k."""
+        store, n_query = self.store, query.shape[0]
+        size = store.bucket_size
+        ids = store.member_ids(bucket)  # (W, L)
+        prepared = self.features.prepare(query)
+        if self.walk.dense(store.num_buckets, n_query, k):  # all dot products in one GEMM, then pick
+            dots = prepared @ self.features.prepare(store.weight).T  # (N, n)
+            dots = nn.functional.pad(dots, (0, store.num_buckets * size - store.num_classes))
+            qrow = torch.arange(n_query, device=bucket.device).repeat_interleave(k)  # (W,)
+            dots = dots.view(-1, size).index_select(0, bucket + qrow * store.num_buckets)  # (W, L)
+        else:
+
+            def block(lo: int, hi: int) -> Tensor:
+                where = ids[lo * k : hi * k].clamp(max=store.num_classes - 1).view(-1)
+                rows = self.features.prepare(store.weight.index_select(0, where)).view(hi - lo, k * size, -1)
+                return torch.bmm(prepared[lo:hi].unsqueeze(1), rows.transpose(1, 2)).view(-1, size)
+
+            dots = store.blocks(block, n_query, k * size * query.shape[1])
+        logk = self.features.log_kernel_dot(dots)
+        if store.num_buckets * size > store.num_classes:  # padding slots of the last buckets
+            logk = logk.masked_fill(ids >= store.num_classes, float("-inf"))
+        return logk, ids
+
+    def mixture(self, psi: Tensor, bucket: Tensor, scores: BucketScores | None = None) -> tuple[Tensor, Tensor]:
+        """log max(<psi, phi(w_j)>, eps) for the members of each bucket (W,) -> (W, L) (-inf on padding), and the
+        member ids (W, L). A step asks twice for one psi (its draws, then its targets' log q-bar), mostly for the
+        same buckets: with the step's ``scores`` each bucket is scored once (B x L values), with phi(w_j) read from
+        the feature cache when there is one, in memory-bounded chunks."""
+        store = self.store
+        table, done = scores if scores is not None else self.empty(psi)
+        distinct = torch.unique(bucket)
+        todo = distinct[~done[distinct]]  # (u,) buckets not scored yet for this psi
+        cached = store.cache.active
+
+        def block(lo: int, hi: int) -> Tensor:
+            if cached:  # the cache's padding rows are zero: their scores clamp to eps and are masked below
+                members = store.member_ids(todo[lo:hi])  # (b, L)
+                valid = members < store.num_classes
+                scores = store.cache.scores(psi, members).clamp_min(store.eps)  # (b, L)
+            else:
+                rows, valid = store.members(todo[lo:hi])  # (b, L, d), (b, L)
+                scores = self.features.inner(psi, rows).clamp_min(store.eps)  # (b, L)
+            return scores.log().masked_fill(~valid, float("-inf"))
+
+        if todo.numel():
+            dim = psi.numel() if cached else store.weight.shape[1]
+            size = store.bucket_size
+            per_bucket = size * dim if cached else self.features.sum_elements(size, dim)
+            table[todo] = store.blocks(block, todo.numel(), per_bucket)
+            done[todo] = True
+        return table[bucket], store.member_ids(bucket)  # (W, L) each

@@ -1,0 +1,50 @@
+"""KernelTree as a composition (store, walk, scorer around one feature map): what moves, what is checkpointed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lmtrain.sampler.kernel import KernelTree, RandomFourierFeatures
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
+
+
+def built_tree() -> tuple[KernelTree, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    weight = 0.5 * torch.randn(37, 5, generator=gen)
+    tree = KernelTree(RandomFourierFeatures(D=16, seed=0), leaf_size=4, feature_cache="full")
+    tree.rebuild(weight)
+    return tree, weight
+
+
+def test_the_parts_share_one_feature_map_and_only_it_is_checkpointed():
+    """The state-dict keys are those of the tree before it was split into parts (checkpoints written then load)."""
+    tree, _ = built_tree()
+    assert tree.store.features is tree.features and tree.scorer.features is tree.features
+    assert tree.walk.store is tree.store and tree.scorer.store is tree.store
+    assert list(tree.state_dict()) == ["features.omega"]
+    assert [name for name, _ in tree.named_modules()] == ["", "features", "store", "store.cache"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_move_reaches_every_part_and_sampling_goes_on(device):
+    """``module.to`` moves the store's buffers and its reference to the weights (``TreeStore._apply``) and the
+    feature map once; the walk and the scorer read the moved tensors, so log q is unchanged by the move."""
+    tree, _ = built_tree()
+    gen = torch.Generator().manual_seed(1)
+    query = torch.randn(3, 5, generator=gen)
+    ids = torch.randint(0, 37, (3, 7), generator=gen)
+    before = tree.log_q(query, ids)
+    psi_before = tree.log_q_all_mixture(tree.mixture(query))
+    tree.to(device=device, dtype=torch.float64)
+    moved = [tree.nodes, tree.store.floor, tree.store.cache.table, tree.weight, tree.features.omega]
+    assert all(t.device.type == device and t.dtype == torch.float64 for t in moved)
+    query, ids = query.to(device, torch.float64), ids.to(device)
+    torch.testing.assert_close(tree.log_q(query, ids).float().cpu(), before, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(tree.log_q_all_mixture(tree.mixture(query)).float().cpu(), psi_before)
+    drawn, log_q = tree.sample(query, 5)
+    assert drawn.device.type == device
+    torch.testing.assert_close(log_q, tree.log_q(query, drawn))
