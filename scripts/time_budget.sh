@@ -4,8 +4,8 @@
 # (experiment=time_budget), two streams side by side on the 2-core machine at one thread each, so that every run
 # shares the machine with one other run. The streams hold about the same amount of work, so no run gets the
 # machine alone. About 65 minutes. Afterwards:
-#   python scripts/time_budget.py runs/time_budget/wt2 --out docs/study/time_wt2 --title "WikiText-2, 7 min"
-#   python scripts/time_budget.py runs/time_budget/zipf1m --out docs/study/time_zipf1m --title "zipf 10^6, 7 min"
+#   python -m lmtrain.time_budget runs/time_budget/wt2 --out docs/study/time_wt2 --title "WikiText-2, 7 min"
+#   python -m lmtrain.time_budget runs/time_budget/zipf1m --out docs/study/time_zipf1m --title "zipf 10^6, 7 min"
 # Usage: LMTRAIN_DATA_DIR=../shared/data bash scripts/time_budget.sh [OUT=runs/time_budget]
 set -euo pipefail
 out=${1:-runs/time_budget}

@@ -3,7 +3,6 @@ checkpoints, offline W&B records)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import struct
@@ -132,13 +131,6 @@ def wandb_config(records: list[Any]) -> dict[str, Any]:
 
 def the(records: list[Any], kind: str) -> Any:
     return next(getattr(r, kind) for r in records if r.WhichOneof("record_type") == kind)
-
-
-def load_script(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def last_step(ckpt: Path) -> int:

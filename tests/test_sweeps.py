@@ -14,7 +14,6 @@ from lmtrain.tools.results import read_metrics
 from lmtrain.training.run import train
 from tests.cli_runs import (
     TINY,
-    load_script,
     run_cli,
     run_info,
     the,
@@ -72,7 +71,8 @@ def test_multirun_gives_one_wandb_run_per_job_and_a_summary(tmp_path):
         assert f"wandb sync {folder}" in result.stdout
     assert len(run_ids) == 2  # every job is its own run
 
-    summarize = load_script("summarize")
+    from lmtrain.tools import summarize
+
     out = tmp_path / "report"
     assert summarize.main([str(sweep), "--out", str(out)]) == 0
     table = (out / "summary.md").read_text()

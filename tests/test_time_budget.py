@@ -1,18 +1,15 @@
-"""scripts/time_budget.py: validation perplexity against training seconds, the table at budgets, the PNG."""
+"""python -m lmtrain.time_budget: validation perplexity against training seconds, the table at budgets, the PNG."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import time_budget  # noqa: E402
-
-from lmtrain.tools.results import load_run  # noqa: E402
-from lmtrain.tools.time_budget import timed_run  # noqa: E402
+from lmtrain.tools import time_budget
+from lmtrain.tools.results import load_run
+from lmtrain.tools.time_budget import timed_run
 
 
 def fake_timed_run(folder: Path, name: str, points: list[tuple[int, float, float]], best: float | None = None) -> Path:

@@ -1,6 +1,6 @@
 """Sweep reports: find the jobs of a multirun folder and tabulate them in markdown (plots: ``plots.py``).
 
-Used by ``scripts/summarize.py``; reads only what runs leave on disk (metrics.csv, run.json, .hydra/).
+Used by ``python -m lmtrain.summarize``; reads only what runs leave on disk (metrics.csv, run.json, .hydra/).
 """
 
 from __future__ import annotations

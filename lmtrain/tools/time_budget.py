@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import argparse
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from lmtrain.tools.plots import pyplot, save_figure
+from lmtrain.tools.report import find_runs
 from lmtrain.tools.results import RunRecord, run_labels
 
 
@@ -104,3 +107,25 @@ def plot_ppl_vs_time(runs: list[TimedRun], path: str | Path, title: str) -> Path
     if ax.lines:
         ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
     return save_figure(fig, path, plt)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="strategies at equal training time: table and PNG")
+    parser.add_argument("runs", type=Path, help="a folder of lmtrain run folders")
+    parser.add_argument("--budgets", default="1,2,4,7", help="training minutes, comma list")
+    parser.add_argument("--out", type=Path, default=None, help="where to write summary.md and ppl_vs_time.png")
+    parser.add_argument("--title", default="validation perplexity against training time")
+    args = parser.parse_args(argv)
+    found = find_runs(args.runs)
+    if not found:
+        print(f"time_budget: no run folders (with metrics.csv) under {args.runs}", file=sys.stderr)
+        return 2
+    runs = timed_runs(found)
+    out = args.out or args.runs
+    out.mkdir(parents=True, exist_ok=True)
+    budgets = [float(b) * 60 for b in args.budgets.split(",")]
+    (out / "summary.md").write_text(budget_table(runs, budgets))
+    plot_ppl_vs_time(runs, out / "ppl_vs_time.png", args.title)
+    print((out / "summary.md").read_text())
+    print(f"wrote {out / 'summary.md'} and {out / 'ppl_vs_time.png'}")
+    return 0

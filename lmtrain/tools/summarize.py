@@ -1,6 +1,6 @@
 """Summarize a Hydra multirun of lmtrain jobs: a markdown table and two perplexity plots.
 
-    python scripts/summarize.py MULTIRUN_DIR [--out DIR] [--outputs full,rff] [--num-samples 100]
+    python -m lmtrain.summarize MULTIRUN_DIR [--out DIR] [--outputs full,rff] [--num-samples 100]
 
 Writes DIR/summary.md (strategy, sampler and its options, m, best val ppl, test ppl, tokens/s, wall time per
 job; failed or unfinished jobs are listed as such), DIR/ppl_vs_samples.png (test perplexity against the number
@@ -56,7 +56,3 @@ def main(argv: list[str] | None = None) -> int:
     if offline:
         print(f"{len(offline)} offline W&B runs; upload them with:\n  wandb sync {' '.join(map(str, offline))}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
