@@ -260,3 +260,10 @@ def test_sparse_flag_decides_the_gradient_layout_and_the_sparse_parameters(tree)
     dense.loss(hidden, target).backward()
     assert not dense.weight.grad.is_sparse and dense.sparse_parameters() == []
     torch.testing.assert_close(dense.weight.grad, default.weight.grad.to_dense())  # same numbers, other layout
+
+
+def test_two_level_takes_the_configured_number_of_bins():
+    """``output.num_bins`` reaches the layout: 3 bins of 4 classes for n = 11 (the default would be round(sqrt(11)))."""
+    output = make_hsm("two_level", n=11, d=3, num_bins=3)
+    assert output.layout.num_bins == 3 and output.weight.shape[0] == 11 + 3
+    assert make_hsm("two_level", n=11, d=3).layout.num_bins == round(11**0.5)

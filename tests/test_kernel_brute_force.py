@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from lmtrain.sampler import QuadraticSampler, RFFSampler
-from lmtrain.sampler.kernel import RandomFourierFeatures
+from lmtrain.sampler.kernel import QuadraticFeatures, RandomFourierFeatures
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -243,3 +243,20 @@ def test_a_checkpoint_s_frequencies_replace_the_seed_s():
     drawn(x)  # Omega of seed 0 already drawn at the same shape
     drawn.load_state_dict(saved.state_dict())
     torch.testing.assert_close(drawn(x), expected, rtol=0, atol=0)
+
+
+def test_a_checkpoint_s_frequencies_take_the_model_s_dtype():
+    """A float32 checkpoint loaded into a float64 model keeps the model's dtype (its products stay float64)."""
+    saved = RandomFourierFeatures(D=16, seed=5)
+    x = queries(4, 7, seed=3)
+    saved(x.float())
+    model = RandomFourierFeatures(D=16, seed=0).double()
+    model.load_state_dict(saved.state_dict())
+    assert model.omega.dtype == torch.float64 and model(x).dtype == torch.float64
+
+
+def test_quadratic_features_apply_to_any_leading_shape():
+    """phi of a (2, 3, d) block equals phi of its rows one by one: the constant 1 is appended on the last axis."""
+    features = QuadraticFeatures(alpha=3.0)
+    x = torch.randn(2, 3, 5, dtype=torch.float64)
+    torch.testing.assert_close(features(x), features(x.reshape(6, 5)).reshape(2, 3, -1))
