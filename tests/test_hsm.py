@@ -263,7 +263,7 @@ def test_sparse_flag_decides_the_gradient_layout_and_the_sparse_parameters(tree)
 
 
 def test_two_level_takes_the_configured_number_of_bins():
-    """``output.num_bins`` reaches the layout: 3 bins of 4 classes for n = 11 (the default would be round(sqrt(11)))."""
-    output = make_hsm("two_level", n=11, d=3, num_bins=3)
-    assert output.layout.num_bins == 3 and output.weight.shape[0] == 11 + 3
-    assert make_hsm("two_level", n=11, d=3).layout.num_bins == round(11**0.5)
+    """``output.num_bins`` reaches the layout: 2 bins of 6 classes for n = 11, not the default round(sqrt(11)) = 3."""
+    output = make_hsm("two_level", n=11, d=3, num_bins=2)
+    assert output.layout.num_bins == 2 and output.weight.shape[0] == 11 + 2
+    assert make_hsm("two_level", n=11, d=3).layout.num_bins == 3
