@@ -7,6 +7,9 @@ those, and reports killed / survived / no tests with the Wilson interval of the 
 
     python scripts/mutation_sample.py --count 80 --seed 0 --json docs/bench/mutation_sample.json
 
+After a survivor has been rechecked on its own (``mutmut run NAME``), ``--report`` rewrites the record from the
+results mutmut keeps in mutants/, without running the sample again.
+
 Surviving names are listed so that each can be read (``mutmut show NAME``) and called equivalent or not; the
 score over non-equivalent mutants is killed / (sampled - equivalent). Run it from the repository root.
 """
@@ -61,13 +64,16 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-children", type=int, default=1, help="mutmut's parallel test processes")
     parser.add_argument("--json", type=Path, help="write the sample and its results here")
+    parser.add_argument("--report", action="store_true", help="report the sample's last results, run nothing")
     args = parser.parse_args()
 
     generate()
     names = sorted(exit_codes())
     sample = sorted(random.Random(args.seed).sample(names, min(args.count, len(names))))
     print(f"{len(names)} mutants; checking {len(sample)} drawn with seed {args.seed}", flush=True)
-    run = subprocess.run(["mutmut", "run", "--max-children", str(args.max_children), *sample], check=False)
+    if not args.report:
+        mutmut = ["mutmut", "run", "--max-children", str(args.max_children), *sample]
+        subprocess.run(mutmut, check=False)
     codes = exit_codes()
     status = {name: STATUS.get(codes.get(name), "other") for name in sample}
     counts = {s: sum(v == s for v in status.values()) for s in sorted(set(status.values()))}
@@ -85,7 +91,7 @@ def main() -> None:
             "killed_share": killed / max(checked, 1),
             "ci95": [low, high],
             "status": status,
-            "mutmut_exit": run.returncode,
+            "command": " ".join(["python scripts/mutation_sample.py", *sys.argv[1:]]),
         }
         args.json.write_text(json.dumps(record, indent=2) + "\n")
     sys.exit(0 if checked == len(sample) else 1)
