@@ -70,7 +70,7 @@ def main() -> None:
     generate()
     names = sorted(exit_codes())
     sample = sorted(random.Random(args.seed).sample(names, min(args.count, len(names))))
-    print(f"{len(names)} mutants; checking {len(sample)} drawn with seed {args.seed}", flush=True)
+    print(f"{len(names)} mutants; a sample of {len(sample)} drawn with seed {args.seed}", flush=True)
     if not args.report:
         mutmut = ["mutmut", "run", "--max-children", str(args.max_children), *sample]
         subprocess.run(mutmut, check=False)
