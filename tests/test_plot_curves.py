@@ -115,6 +115,11 @@ def test_the_command_writes_a_png_and_runs_without_a_config_are_plotted_by_step(
     assert panels[0].lines[0].x == [10.0, 20.0, 30.0] and panels[0].lines[0].label == "full"
     with pytest.raises(FileNotFoundError, match="holds no metrics.csv"):
         main([str(tmp_path / "empty"), "--out", str(tmp_path / "x.png")])
+    log = tmp_path / "a.log"  # a study's log beside its run folder, matched by the same shell glob
+    log.write_text("lmtrain: ...\n")
+    assert [r.path for r in load_runs([full, log])] == [full]
+    with pytest.raises(FileNotFoundError, match="holds no metrics.csv"):
+        load_runs([log])  # a file given alone is still an error
 
 
 def test_sweep_jobs_are_labelled_by_what_differs(tmp_path):

@@ -216,11 +216,14 @@ def curve_panels(groups: list[RunGroup], x: str) -> list[Panel]:
 
 def load_runs(paths: Iterable[str | Path]) -> list[RunRecord]:
     """The runs in ``paths``: a run folder (holding metrics.csv) or a sweep folder (every job with a metrics.csv
-    under it, in job order)."""
+    under it, in job order). Plain files among several paths are passed over, so that a shell glob such as
+    ``runs/study/NAME/output-rff__*`` may also match the study's ``.log`` files beside the run folders."""
     from lmtrain.tools.report import find_runs
 
+    paths = list(paths)
+    folders = [p for p in paths if not Path(p).is_file()] if len(paths) > 1 else paths
     runs = []
-    for path in paths:
+    for path in folders:
         found = [r for r in find_runs(path) if (r.path / "metrics.csv").is_file()]
         if not found:
             raise FileNotFoundError(f"{path} holds no metrics.csv: is it an lmtrain run or sweep folder?")
