@@ -24,8 +24,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 36: "timeout", None: "not checked"}
-
 
 def generate() -> None:
     """Write mutants/ (the mutated copies and their .meta files) without running any test."""
@@ -75,7 +73,9 @@ def main() -> None:
         mutmut = ["mutmut", "run", "--max-children", str(args.max_children), *sample]
         subprocess.run(mutmut, check=False)
     codes = exit_codes()
-    status = {name: STATUS.get(codes.get(name), "other") for name in sample}
+    from mutmut.stats import status_by_exit_code  # mutmut's own reading of its exit codes
+
+    status = {name: status_by_exit_code[codes.get(name)] for name in sample}
     counts = {s: sum(v == s for v in status.values()) for s in sorted(set(status.values()))}
     killed, checked = counts.get("killed", 0), len(sample) - counts.get("not checked", 0)
     low, high = wilson(killed, checked)
