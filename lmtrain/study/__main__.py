@@ -32,7 +32,9 @@ def _list(root: Path) -> int:
         spec = load_spec(path)
         done = len(read_records(records_path(spec, root)))
         total = len(spec.runs())
-        print(f"{name:<22} {len(spec.cells):>3} cells x {len(spec.seeds)} seeds  {done:>4}/{total:<4} recorded  ")
+        counts = sorted({len(spec.seeds_of(cell)) for cell in spec.cells})
+        seeds = "-".join(map(str, (counts[0], counts[-1]) if len(counts) > 1 else counts)) + " seeds"
+        print(f"{name:<22} {len(spec.cells):>3} cells x {seeds:<8} {done:>4}/{total:<4} recorded  ")
         print(f"{'':<22} {spec.description}")
     return 0
 

@@ -19,7 +19,8 @@ def cell_stats(spec: StudySpec, records: list[dict[str, Any]], metric: str) -> d
     by_key = {record["key"]: record for record in records}
     stats = {}
     for cell in spec.cells:
-        found = [by_key[f"{cell.label},seed={seed}"] for seed in spec.seeds if f"{cell.label},seed={seed}" in by_key]
+        keys = [f"{cell.label},seed={seed}" for seed in spec.seeds_of(cell)]
+        found = [by_key[key] for key in keys if key in by_key]
         values = [v for v in (metric_value(r, metric) for r in found) if v is not None]
         stats[cell.label] = CellStats(cell.label, tuple(values), failed=len(found) - len(values))
     return stats
@@ -84,7 +85,8 @@ def render_table(spec: StudySpec, records: list[dict[str, Any]]) -> str:
         f"<!-- rendered by `python -m lmtrain.study {spec.name} --render` from records.jsonl: do not edit -->",
         f"**{spec.name}**: {spec.description}",
         "",
-        f"Each run: `python -m lmtrain {' '.join(spec.overrides)} CELL seed=S` with S in {spec.seeds}.",
+        f"Each run: `python -m lmtrain {' '.join(spec.overrides)} CELL seed=S` with S in {spec.seeds}"
+        + (" (other seeds where a cell says so)." if spec.cell_seeds else "."),
         f"Recorded: {_runs_line(records)}." if records else "Recorded: no runs yet.",
         "",
         "| " + " | ".join(header) + " |",

@@ -8,7 +8,8 @@ A study is a YAML file (the package's own in ``lmtrain/studies/``, or any file a
       - output: [full, unigram, rff]
       - output: [rff]
         sampler.unigram_share: [0]
-    seeds: [1, 2, 3]                       # every cell runs once per seed
+        seeds: [1]                         # optional: this block's cells run with these seeds only
+    seeds: [1, 2, 3]                       # every other cell runs once per seed
     metric: test/ppl                       # test/ppl | val/ppl (the best validation)
     reference: output=full                 # the cell every other is compared with (optional), or
     pair: output.shared_negatives=false    # each cell compared with its twin that has this value (optional)
@@ -79,9 +80,14 @@ class StudySpec:
     x: str | None = None
     source: Path | None = None
     notes: list[str] = field(default_factory=list)
+    cell_seeds: dict[Cell, list[int]] = field(default_factory=dict)  # a block's own seeds, where it names them
+
+    def seeds_of(self, cell: Cell) -> list[int]:
+        """The seeds a cell runs with: its block's, else the study's."""
+        return self.cell_seeds.get(cell, self.seeds)
 
     def runs(self) -> list[Run]:
-        return [Run(cell, seed) for cell in self.cells for seed in self.seeds]
+        return [Run(cell, seed) for cell in self.cells for seed in self.seeds_of(cell)]
 
 
 def _value(value: Any) -> str:
@@ -103,17 +109,20 @@ def parse_spec(name: str, data: dict[str, Any], source: Path | None = None) -> S
     if not isinstance(data.get("grid"), list) or not data["grid"]:
         raise StudyError(f"{where}: 'grid' must be a list of blocks, each a mapping of key -> list of values")
     cells: list[Cell] = []
+    cell_seeds: dict[Cell, list[int]] = {}
     for block in data["grid"]:
         if not isinstance(block, dict) or not all(isinstance(v, list) and v for v in block.values()):
             raise StudyError(f"{where}: each grid block maps override keys to non-empty lists, got {block!r}")
+        block = dict(block)
+        block_seeds = _seeds(block.pop("seeds", None), where) if "seeds" in block else None
         keys = list(block)
         for combo in itertools.product(*(block[k] for k in keys)):
             cell = Cell(tuple((k, _value(v)) for k, v in zip(keys, combo, strict=True)))
             if cell not in cells:
                 cells.append(cell)
-    seeds = data.get("seeds", [1, 2, 3])
-    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds):
-        raise StudyError(f"{where}: 'seeds' must be a list of integers")
+            if block_seeds is not None:
+                cell_seeds[cell] = block_seeds
+    seeds = _seeds(data.get("seeds", [1, 2, 3]), where)
     metric = data.get("metric", "test/ppl")
     if metric not in METRICS:
         raise StudyError(f"{where}: metric must be one of {', '.join(METRICS)}, got {metric!r}")
@@ -135,7 +144,14 @@ def parse_spec(name: str, data: dict[str, Any], source: Path | None = None) -> S
         x=data.get("x"),
         source=source,
         notes=[str(n) for n in data.get("notes", [])],
+        cell_seeds=cell_seeds,
     )
+
+
+def _seeds(seeds: Any, where: str) -> list[int]:
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds):
+        raise StudyError(f"{where}: 'seeds' must be a list of integers")
+    return seeds
 
 
 def load_spec(path: Path) -> StudySpec:
