@@ -1,0 +1,154 @@
+"""What one training step asks of the device, counted: the operators that launch work and the host syncs.
+
+On a GPU every operator that does work is a kernel launch (5-20 us of host time each) and every host sync stalls
+the queue until the device catches up, so a step's cost there is bounded below by these counts whatever its
+arithmetic. Counts are exact and machine-independent, so they can be asserted by tests and compared across code
+versions, unlike timings. ``DispatchCounter`` counts the aten operators dispatched while it is active:
+
+- a **launch** is an operator that does work: not a view (``view``, ``transpose``, ``expand``, ...), not a metadata
+  query, not an allocation without a fill (``empty``);
+- a **sync** is an operator whose result the host must wait for: a tensor's value read on the host (``item``,
+  ``int()``, ``bool()``, ``tolist``: ``_local_scalar_dense``), an output whose size depends on the data
+  (``unique``, ``nonzero``, ``masked_select``, indexing with a boolean mask, ``repeat_interleave`` by a tensor
+  without ``output_size``), or a comparison answered on the host (``equal``, ``is_nonzero``).
+
+``count_train_step`` builds the default model with any ``output=`` / ``sampler=`` choice for a vocabulary of
+``num_classes`` (Zipf counts and a random token stream, no corpus), takes warm-up steps, then counts one
+``lmtrain.training.step.train_step``: forward, backward, clipping, the optimizer step and the after-step hook.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+# operators that neither launch work nor wait for the device: allocations without a fill and metadata
+NO_LAUNCH = {
+    "empty",
+    "empty_strided",
+    "empty_like",
+    "new_empty",
+    "new_empty_strided",
+    "lift_fresh",
+    "sym_size",
+    "sym_stride",
+    "sym_numel",
+    "sym_storage_offset",
+    "is_same_size",
+    "resize_",
+    "set_",
+    "_has_compatible_shallow_copy_type",
+    "record_stream",
+}
+SYNC_OPS = {
+    "_local_scalar_dense",
+    "unique",
+    "_unique",
+    "_unique2",
+    "unique_dim",
+    "unique_consecutive",
+    "unique_dim_consecutive",
+    "nonzero",
+    "masked_select",
+    "equal",
+    "is_nonzero",
+    "allclose",
+}
+
+
+def _is_view(func: Any) -> bool:
+    """Whether an operator only returns aliases of its inputs (a view): it writes nothing and launches nothing."""
+    returns = func._schema.returns
+    return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
+
+
+def _bool_index(args: tuple[Any, ...]) -> bool:
+    indices = args[1] if len(args) > 1 else ()
+    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices or ())
+
+
+def _is_sync(name: str, overload: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    if name in SYNC_OPS:
+        return True
+    if name in ("index", "index_put", "index_put_", "_index_put_impl_") and _bool_index(args):
+        return True  # a boolean mask is turned into indices (nonzero) on the host
+    if name == "repeat_interleave" and overload in ("Tensor", "self_Tensor"):
+        return kwargs.get("output_size") is None  # the output's length is the repeats' sum
+    return False
+
+
+@dataclass
+class Counts:
+    """The operators that launch work and the host syncs of a counted region, with the count of each operator."""
+
+    launches: int = 0
+    syncs: int = 0
+    by_op: Counter[str] = field(default_factory=Counter)
+    sync_ops: Counter[str] = field(default_factory=Counter)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "launches": self.launches,
+            "syncs": self.syncs,
+            "by_op": dict(self.by_op.most_common()),
+            "sync_ops": dict(self.sync_ops),
+        }
+
+
+class DispatchCounter(TorchDispatchMode):
+    """Counts the aten operators dispatched inside ``with DispatchCounter() as counter:`` (``counter.counts``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts = Counts()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        name = func._schema.name.split("::")[-1]
+        overload = func._overloadname
+        if _is_sync(name, overload, args, kwargs):
+            self.counts.syncs += 1
+            self.counts.sync_ops[name] += 1
+        if name not in NO_LAUNCH and not _is_view(func):
+            self.counts.launches += 1
+            self.counts.by_op[name] += 1
+        return func(*args, **kwargs)
+
+
+def synthetic_counts(num_classes: int) -> torch.Tensor:
+    """Zipf training counts (c_i ∝ 1 / (i + 1)) of a vocabulary of ``num_classes``: what unigram-based parts read."""
+    return (1e7 / torch.arange(1, num_classes + 1, dtype=torch.float64)).round().clamp_min(1).long()
+
+
+def count_train_step(
+    overrides: list[str], num_classes: int, batch: tuple[int, int] = (20, 35), warmup: int = 2, seed: int = 0
+) -> Counts:
+    """The counts of one ``train_step`` of the model ``overrides`` describe (the default model otherwise), for a
+    vocabulary of ``num_classes``, on a random batch of ``batch`` (B, T) token ids, after ``warmup`` steps."""
+    from lmtrain.config import compose_config
+    from lmtrain.training.build import build_module
+    from lmtrain.training.step import train_step
+
+    cfg = compose_config(["data=synthetic", f"data.vocab_size={num_classes}", *overrides])
+    torch.manual_seed(seed)
+    counts = synthetic_counts(num_classes)
+    stream = torch.multinomial(counts.double(), 20_000, replacement=True)  # a token stream for bigram-type parts
+    module = build_module(cfg, num_classes, counts, stream)
+    module.train()
+    optimizer = module.configure_optimizers()["optimizer"]
+    rows, cols = batch
+    windows = torch.multinomial(counts.double(), (warmup + 1) * rows * (cols + 1), replacement=True)
+    windows = windows.view(warmup + 1, rows, cols + 1)  # drawn before counting: the data is not the step's work
+    state = None
+    for tokens in windows:  # the last one is counted
+        batch = (tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())  # inputs, targets (B, T)
+        with DispatchCounter() as counter:
+            window = train_step(
+                module.encoder, module.output, batch, state, optimizer, cfg.optim.clip, cfg.loss_reduction
+            )
+        state = window.state
+    return counter.counts
