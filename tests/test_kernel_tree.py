@@ -18,8 +18,10 @@ from lmtrain.sampler.kernel import (
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-# dense_factor 0 forces per-walker gathers everywhere, a huge one forces one GEMM per level
-PATHS = {"gather": 0, "dense": 10**9, "auto": 64}
+# dense_factor 0 forces per-walker gathers everywhere, a huge one forces one GEMM per level; "gpu" takes the GPU
+# paths (execution=gpu: FixedWalk with its top levels scored whole, FixedUpdate), with the top of a small tree
+PATHS = {"gather": 0, "dense": 10**9, "auto": 64, "gpu": 64}
+GPU_WALKED_LEVELS = 2  # the tests' trees have 3-6 levels: 2 walked, the rest scored whole by top_reach
 
 
 # the feature cache of each kind of tree (default auto: full precision for rff, none for quadratic)
@@ -39,6 +41,9 @@ def make_tree(
     """A tree whose small ``chunk`` makes sampling and building run in several memory blocks."""
     kw.setdefault("feature_cache", CACHE.get(kind, "auto"))
     tree = KernelTree(make_features(kind), leaf_size=leaf_size, dense_factor=PATHS[path], chunk_elements=chunk, **kw)
+    if path == "gpu":
+        tree.use_gpu_paths(True)
+        tree.fixed.walk.walked = GPU_WALKED_LEVELS
     tree.rebuild(weight)
     return tree
 
@@ -54,8 +59,8 @@ def rebuilt(tree: KernelTree, kind: str, weight: torch.Tensor) -> KernelTree:
         assert (table.float() - fresh.store.cache.table.float()).abs().max() <= one_ulp
     if tree.store.cache.active and table.dtype == torch.bfloat16:
         fresh.store.cache.table.copy_(table)
-        fresh.store._set_leaves(torch.arange(fresh.num_buckets))
-        fresh.store._resum_levels(fresh.nodes)
+        fresh.store.set_leaves(torch.arange(fresh.num_buckets))
+        fresh.store.resum_levels(fresh.nodes)
     return fresh
 
 
@@ -252,3 +257,26 @@ def test_bfloat16_projection_is_close_to_the_float32_features():
     assert (kernel[0] - kernel[1]).abs().max() < 0.1 * estimate_noise  # measured: 6e-4 against 0.07
     with pytest.raises(ValueError, match="projection"):
         RandomFourierFeatures(projection="float16")
+
+
+@pytest.mark.parametrize("kind", ["quadratic", "rff", "rff_nocache", "rff_bf16cache"])
+@pytest.mark.parametrize("many", [False, True])
+def test_gpu_path_updates_match_a_rebuild_with_repeated_rows(kind, many):
+    """FixedUpdate (execution=gpu): repeated rows count once, and the tree equals a rebuild after 100 rounds.
+    ``many``: a step names more rows than there are classes (every row goes through, unchanged ones masked)."""
+    n, d = 203, 7
+    weight = augmented(n, d, seed=7)
+    tree = make_tree(kind, weight, path="gpu", leaf_size=4, chunk=1 << 22)
+    gen = torch.Generator().manual_seed(8)
+    scale = tree.nodes.abs().max()
+    errors = []
+    for round_ in range(100):
+        distinct = torch.randperm(n, generator=gen)[: int(torch.randint(1, 12, (1,), generator=gen))]
+        weight[distinct] += 0.05 * torch.randn(distinct.numel(), d + 1, generator=gen)  # in place, like SGD
+        rows = distinct.repeat(3 if not many else n // distinct.numel() + 1)  # every changed row named repeatedly
+        tree.update(weight, rows[torch.randperm(rows.numel(), generator=gen)])
+        if round_ in (9, 99):
+            fresh = rebuilt(tree, kind, weight)
+            errors.append((tree.nodes - fresh.nodes).abs().max() / scale)
+    assert errors[0] < 1e-5 and errors[1] < 1e-5  # float rounding only: a repeat added twice would be ~1e-2
+    assert errors[1] <= max(4 * errors[0], 1e-6)  # and no growth with the number of updates

@@ -3,6 +3,7 @@ the options of a group, and which strategies take a sampler option."""
 
 from __future__ import annotations
 
+import enum
 import os
 import types
 import typing
@@ -117,6 +118,8 @@ def _word(hint: Any) -> str:
     simple = {bool: "true or false", int: "an integer", float: "a number", str: "a string", Any: "any value"}
     if hint in simple:
         return simple[hint]
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return "one of " + ", ".join(str(member.value) for member in hint)
     container = typing.get_origin(hint) or hint
     if container in (list, tuple):
         return "a list"

@@ -11,6 +11,7 @@ from typing import Any
 
 from lmtrain.data.synthetic import SyntheticOptions
 from lmtrain.data.zipf_topics import ZipfTopicOptions
+from lmtrain.execution import Execution
 from lmtrain.training.optim import OptimOptions, torch_optimizer
 
 AT_LEAST_1 = {"at_least": 1}
@@ -33,6 +34,7 @@ class RunConfig:
     progress_bar: bool = True
     threads: int | str = field(default="auto", metadata=AT_LEAST_1)  # or auto
     reuse_freed_memory: bool = True
+    execution: Execution = Execution.auto  # cpu or gpu code paths; auto: by the device the run trains on
     data: Any = None
     model: Any = None
     sampler: Any = None

@@ -7,18 +7,21 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
+from lmtrain.execution import DeviceAware
 from lmtrain.sampler.precision import in_float32, wrap_methods
 
 PAIRS_PER_CHUNK = 1 << 16  # (position, class) pairs per log_prob call in the default log_probs_all
 
 
-class OutputLayer(nn.Module):
+class OutputLayer(DeviceAware, nn.Module):
     """Maps top-layer hidden states to a training objective and to exact log-probabilities.
 
     ``loss`` is the (possibly surrogate) objective minimised in training; ``log_prob`` is always the
     exact, normalized log-probability used for perplexity. Subclasses that keep derived state
     (a sampler tree) refresh it in ``after_optimizer_step``. ``loss`` also receives the input token at each
     position (the previous word), which the sampled strategies hand to a proposal conditioned on it.
+
+    ``gpu_paths`` (``lmtrain.execution``) selects the fixed-shape code paths where a strategy has two.
 
     Under mixed precision (autocast) every subclass's ``log_prob``, ``log_probs_all`` and ``extra_metrics`` run in
     float32 (``lmtrain.sampler.precision``): exact evaluation never passes through bfloat16.
@@ -70,13 +73,14 @@ class OutputLayer(nn.Module):
         return {}
 
 
-def changed_rows(param: Tensor) -> Tensor | None:
-    """Row ids that the last optimizer step changed: the rows of a sparse gradient, None = all rows."""
+def changed_rows(param: Tensor, repeats: bool = False) -> Tensor | None:
+    """Row ids that the last optimizer step changed: the rows of a sparse gradient, None = all rows. With
+    ``repeats`` a row may be named more than once (no coalescing: its size would depend on the data)."""
     grad = param.grad
     if grad is None:
         return param.new_empty(0, dtype=torch.long)
     if grad.is_sparse:
-        return grad.coalesce().indices()[0]
+        return grad._indices()[0] if repeats else grad.coalesce().indices()[0]
     return None
 
 

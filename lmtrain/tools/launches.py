@@ -57,6 +57,8 @@ SYNC_OPS = {
     "equal",
     "is_nonzero",
     "allclose",
+    "_coalesce",  # the number of distinct rows of a sparse tensor
+    "bincount",  # its length is the largest value + 1
 }
 
 
@@ -133,7 +135,7 @@ def count_train_step(
     from lmtrain.training.build import build_module
     from lmtrain.training.step import train_step
 
-    cfg = compose_config(["data=synthetic", f"data.vocab_size={num_classes}", *overrides])
+    cfg = compose_config(["data=synthetic", f"data.vocab_size={num_classes}", "trainer.accelerator=cpu", *overrides])
     torch.manual_seed(seed)
     counts = synthetic_counts(num_classes)
     stream = torch.multinomial(counts.double(), 20_000, replacement=True)  # a token stream for bigram-type parts

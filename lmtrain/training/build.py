@@ -16,6 +16,7 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 
+from lmtrain.execution import resolve_execution, set_execution
 from lmtrain.training.module import LanguageModel
 from lmtrain.training.optim import sparse_rows_match_dense
 
@@ -78,6 +79,7 @@ def build_module(cfg: DictConfig, num_classes: int, counts: Tensor, train_ids: T
     encoder = build(cfg.model, Runtime(num_classes), **resolved)
     output = build_output(cfg, num_classes, encoder.output_dim, counts, train_ids)
     module = LanguageModel(encoder, output, optim, cfg.loss_reduction)
+    set_execution(module, resolve_execution(cfg.get("execution", "auto"), str(cfg.trainer.get("accelerator", "auto"))))
     model = OmegaConf.to_container(cfg.model, resolve=True)
     model.pop("sparse_embedding", None)  # how gradients are stored, not what the weights are: any checkpoint fits
     module.signature = {"num_classes": num_classes, "output": cfg.output._target_, "model": model}

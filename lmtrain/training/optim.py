@@ -131,14 +131,35 @@ def build_optimizer(
     return MixedOptimizer(children)
 
 
-def _grad_tensors(params: Iterable[Tensor]) -> list[Tensor]:
+def merge_repeats(grad: Tensor) -> Tensor:
+    """A sparse row gradient (n, ...) whose repeated rows are added up, with the shape of its entries kept: R
+    entries in, R entries out, the first ones one per distinct row (sorted), the rest zero rows. What ``coalesce``
+    gives, padded to a size known before the step, so a GPU never waits to learn it; not marked coalesced (the
+    zero padding repeats a row), which every consumer (norms, SGD's sparse add, ``changed_rows``) handles."""
+    ids, values = grad._indices()[0], grad._values()  # (R,), (R, ...)
+    order = ids.argsort()
+    ids = ids.index_select(0, order)  # (R,) sorted
+    first = torch.ones_like(ids, dtype=torch.bool)
+    first[1:] = ids[1:] != ids[:-1]
+    slot = first.cumsum(0) - 1  # (R,) the distinct row each entry adds into
+    merged = torch.zeros_like(values).index_add_(0, slot, values.index_select(0, order))  # (R, ...)
+    rows = torch.zeros_like(ids).scatter_(0, slot, ids)  # padding slots: row 0 with zero values
+    return torch.sparse_coo_tensor(rows.unsqueeze(0), merged, grad.shape, check_invariants=False)
+
+
+def _grad_tensors(params: Iterable[Tensor], fixed_shapes: bool = False) -> list[Tensor]:
     """The tensors holding each gradient's entries: dense grads, and the values of coalesced sparse ones
-    (a view, so scaling it in place scales the sparse gradient); sparse grads are coalesced in place."""
+    (a view, so scaling it in place scales the sparse gradient); sparse grads are coalesced in place, or with
+    ``fixed_shapes`` (the GPU paths) have their repeated rows merged into a gradient of unchanged size."""
     tensors = []
     for p in params:
         if p.grad is None:
             continue
         if p.grad.is_sparse:
+            if fixed_shapes:
+                p.grad = merge_repeats(p.grad)
+                tensors.append(p.grad._values())
+                continue
             if not p.grad.is_coalesced():
                 p.grad = p.grad.coalesce()  # duplicate rows add up
             tensors.append(p.grad.values())
@@ -154,13 +175,14 @@ def _total_norm(tensors: list[Tensor]) -> Tensor:
     return torch.nn.utils.get_total_norm([t.detach() for t in tensors], foreach=True)
 
 
-def clip_grad_norm(params: Iterable[Tensor], max_norm: float) -> Tensor:
+def clip_grad_norm(params: Iterable[Tensor], max_norm: float, fixed_shapes: bool = False) -> Tensor:
     """Scale all gradients (dense and sparse) so their global norm is at most ``max_norm``.
 
-    Sparse gradients are coalesced in place first, so only their touched rows are read or scaled; the
-    norm and the scaling are fused over all gradients (foreach kernels), as in torch's own clipping.
+    Sparse gradients are coalesced in place first (``fixed_shapes``: merged, ``merge_repeats``), so only their
+    touched rows are read or scaled; the norm and the scaling are fused over all gradients (foreach kernels), as in
+    torch's own clipping.
     """
-    tensors = _grad_tensors(params)
+    tensors = _grad_tensors(params, fixed_shapes)
     total = _total_norm(tensors)
     if not tensors:
         return total

@@ -60,10 +60,11 @@ def window_loss(
     return Window(loss, objective, hidden, state)
 
 
-def clip_gradients(params: Iterable[Tensor], clip: float | None) -> None:
-    """Clip the global gradient norm (sparse gradients included) at ``clip``; None or 0: no clipping."""
+def clip_gradients(params: Iterable[Tensor], clip: float | None, fixed_shapes: bool = False) -> None:
+    """Clip the global gradient norm (sparse gradients included) at ``clip``; None or 0: no clipping.
+    ``fixed_shapes``: the GPU paths' handling of sparse gradients (``lmtrain.training.optim.merge_repeats``)."""
     if clip:
-        clip_grad_norm(params, clip)
+        clip_grad_norm(params, clip, fixed_shapes)
 
 
 def after_update(output: OutputLayer) -> None:
@@ -88,7 +89,7 @@ def train_step(
     window.objective.backward()
     if inspect is not None:
         inspect(window)
-    clip_gradients([p for m in (encoder, output) for p in m.parameters()], clip)
+    clip_gradients([p for m in (encoder, output) for p in m.parameters()], clip, output.gpu_paths)
     optimizer.step()
     after_update(output)
     return window

@@ -128,7 +128,7 @@ class SampledOutput(OutputLayer):
         are scored as one dense product with their u distinct rows, (N, d') x (d', u), then picked per position:
         N u d' multiply-adds in a matrix product cost less than gathering N m rows once u <= ``DENSE_RATIO`` m.
         """
-        if ids.dim() == 2 and ids.shape[1] > 1:
+        if ids.dim() == 2 and ids.shape[1] > 1 and not self.gpu_paths:  # on a GPU: no data-dependent sizes
             distinct, inverse = torch.unique(ids, return_inverse=True)  # (u,), (N, m)
             if distinct.numel() <= DENSE_RATIO * ids.shape[1]:
                 scores = self.score(query, gather_rows(self.weight, distinct, self.options.sparse))  # (N, u)
@@ -182,4 +182,4 @@ class SampledOutput(OutputLayer):
         return proposal.log_q(target.unsqueeze(1))  # (N, 1)
 
     def after_optimizer_step(self) -> None:
-        self.sampler.update(self.weight.detach(), changed_rows(self.weight))
+        self.sampler.update(self.weight.detach(), changed_rows(self.weight, repeats=self.gpu_paths))

@@ -87,3 +87,16 @@ class BucketScorer:
             table[todo] = store.blocks(block, todo.numel(), per_bucket)
             done[todo] = True
         return table[bucket], store.member_ids(bucket)  # (W, L) each
+
+    def mixture_direct(self, psi: Tensor, bucket: Tensor) -> tuple[Tensor, Tensor]:
+        """``mixture``'s log weights (W, L) and member ids (W, L) for buckets (W,), each scored where it stands
+        (a bucket asked for twice is scored twice): fixed shapes, no deduplication (the GPU path)."""
+        store = self.store
+        members = store.member_ids(bucket)  # (W, L)
+        valid = members < store.num_classes
+        if store.cache.active:  # the cache's padding rows are zero: masked below
+            scores = store.cache.scores(psi, members)  # (W, L)
+        else:
+            rows, valid = store.members(bucket)  # (W, L, d)
+            scores = self.features.inner(psi, rows)  # (W, L)
+        return scores.clamp_min(store.eps).log().masked_fill(~valid, float("-inf")), members

@@ -8,16 +8,20 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from lmtrain.execution import DeviceAware
 from lmtrain.sampler.kernel.cache import FeatureCache
 from lmtrain.sampler.kernel.features import FeatureMap
+from lmtrain.sampler.kernel.fixed_update import FixedUpdate
 
 # elements of the temporaries of one chunk of changed rows (8 MiB): small enough to stay in cache and to be reused
 # without page faults, large enough for few Python steps (docs/architecture.md, measured design choices)
 UPDATE_CHUNK = 1 << 21
+# the largest temporary of a GPU path's block (2 GiB of float32): blocks there bound memory, not cache use
+GPU_BLOCK_ELEMENTS = 1 << 29
 DELTA_COST = 2  # a changed row's delta costs two member rows of a bucket recompute (phi(new) and phi(old))
 
 
-class TreeStore(nn.Module):
+class TreeStore(DeviceAware, nn.Module):
     """The node sums of a ``KernelTree``: a complete binary tree over buckets of classes whose nodes store
     z(C) = sum of phi(w_j), j in C.
 
@@ -72,6 +76,7 @@ class TreeStore(nn.Module):
         self.register_buffer("floor", torch.empty(0), persistent=False)  # (2B - 1,) eps or 0 (empty)
         self.register_buffer("previous", torch.empty(0), persistent=False)  # (n, d) the rows the leaves hold
         self.register_buffer("deltas", torch.empty(0), persistent=False)  # (B,) delta updates since a recompute
+        self.fixed_update = FixedUpdate(self)  # the GPU paths' update (not a module: it holds no tensors)
 
     @property
     def num_buckets(self) -> int:
@@ -95,16 +100,19 @@ class TreeStore(nn.Module):
         sizes = torch.zeros(2 * buckets - 1, dtype=torch.long, device=weight.device)
         sizes[buckets - 1 :] = counts
         self.cache.fill(self.features, weight, buckets * self.bucket_size, self.chunk_elements)
-        self._set_leaves(torch.arange(buckets, device=weight.device))
-        self._resum_levels(self.nodes)
-        self._resum_levels(sizes)
+        self.set_leaves(torch.arange(buckets, device=weight.device))
+        self.resum_levels(self.nodes)
+        self.resum_levels(sizes)
         self.floor = torch.where(sizes > 0, self.eps, 0.0).to(weight.dtype)
         self.previous = weight.clone() if self.refresh and not self.cache.active else weight.new_empty(0)
         self.deltas = torch.zeros(buckets, dtype=torch.int32, device=weight.device)
 
     def update(self, weight: Tensor, rows: Tensor) -> None:
         """Bring the buckets holding ``rows`` up to the current ``weight`` (recomputed, or by deltas for the
-        changed rows: see the class docstring) and re-sum their ancestors."""
+        changed rows: see the class docstring) and re-sum their ancestors. The GPU paths: ``FixedUpdate``."""
+        if self.gpu_paths:
+            self.fixed_update.update(weight, rows)
+            return
         self.weight = weight
         if rows.numel() == 0:
             return
@@ -119,9 +127,9 @@ class TreeStore(nn.Module):
         self._add_deltas(rows, owner, by_delta)
         self.deltas[buckets] += 1
         self.deltas[buckets[recompute]] = 0
-        self._set_leaves(buckets[recompute])
+        self.set_leaves(buckets[recompute])
         if 8 * buckets.numel() > self.num_buckets:  # most ancestors change: re-sum whole levels
-            self._resum_levels(self.nodes)
+            self.resum_levels(self.nodes)
             return
         heap = buckets + (self.num_buckets - 1)
         pairs = self.nodes[1:].view(-1, 2, self.nodes.shape[1])  # pairs[i]: both children of node i
@@ -132,18 +140,18 @@ class TreeStore(nn.Module):
                 children = pairs.index_select(0, heap[lo : lo + step])  # (h, 2, F)
                 self.nodes.index_copy_(0, heap[lo : lo + step], torch.add(children[:, 0], children[:, 1]))
 
-    def _resum_levels(self, heap: Tensor) -> None:
+    def resum_levels(self, heap: Tensor) -> None:
         """Every internal node of a heap array := left child + right child, bottom-up."""
         for level in reversed(range(self.depth)):
             lo, hi = (1 << level) - 1, (2 << level) - 1
             torch.add(heap[hi : 2 * hi + 1 : 2], heap[hi + 1 : 2 * hi + 1 : 2], out=heap[lo:hi])  # no temporary
 
-    def _set_leaves(self, buckets: Tensor) -> None:
+    def set_leaves(self, buckets: Tensor) -> None:
         """Leaves of ``buckets`` := the sum of their classes' features (from the cache, or computed from the rows)."""
         dim, size = self.weight.shape[1], self.bucket_size
         cached = self.cache.active
         per_bucket = size * self.nodes.shape[1] if cached else self.features.sum_elements(size, dim)
-        step = max(1, self.chunk_elements // per_bucket)
+        step = max(1, (GPU_BLOCK_ELEMENTS if self.gpu_paths else self.chunk_elements) // per_bucket)
         for start in range(0, buckets.numel(), step):  # chunks of buckets bound the memory
             chunk = buckets[start : start + step]
             if cached:
@@ -210,8 +218,10 @@ class TreeStore(nn.Module):
 
     def blocks(self, fn: Callable[[int, int], Tensor], count: int, per_item: int, budget: int | None = None) -> Tensor:
         """fn over blocks of ``count`` items (queries, nodes) sized so each block's temporaries hold about
-        ``budget`` elements (default ``chunk_elements``; ``per_item`` elements per item), concatenated along dim 0."""
-        step = max(1, min(self.chunk_elements, budget or self.chunk_elements) // per_item)
+        ``budget`` elements (default ``chunk_elements``; ``per_item`` elements per item), concatenated along dim 0.
+        On the GPU paths blocks exist only to bound memory (``GPU_BLOCK_ELEMENTS``), not for a cache."""
+        limit = GPU_BLOCK_ELEMENTS if self.gpu_paths else min(self.chunk_elements, budget or self.chunk_elements)
+        step = max(1, limit // per_item)
         if step >= count:
             return fn(0, count)
         return torch.cat([fn(lo, min(lo + step, count)) for lo in range(0, count, step)])

@@ -7,8 +7,10 @@ import time
 import torch
 from torch import Tensor, nn
 
+from lmtrain.execution import DeviceAware
 from lmtrain.sampler.kernel.buckets import BucketScorer, BucketScores
 from lmtrain.sampler.kernel.features import FeatureMap
+from lmtrain.sampler.kernel.gpu_draws import FixedDraws
 from lmtrain.sampler.kernel.store import TreeStore
 from lmtrain.sampler.kernel.walk import TreeWalk
 
@@ -20,7 +22,7 @@ WALK_COST = 0.5
 DENSE_MAX_ENTRIES = 1 << 26  # (N, n) log q entries a dense draw may hold (256 MiB in float32)
 
 
-class KernelTree(nn.Module):
+class KernelTree(DeviceAware, nn.Module):
     """Draws from kernel proposals through a tree of node sums z(C) = sum of phi(w_j), j in C.
 
     It is composed of parts with one job each, which the methods below put together: the feature map ``features``
@@ -42,6 +44,9 @@ class KernelTree(nn.Module):
     draws, so it is the exact log-probability of a draw. The per-example methods take the queries' features
     ``phi`` (``features(query)``) when the caller has them already, the batch-shared ones a ``BucketScores`` of
     psi: a step's proposal (``lmtrain.sampler.kernel.proposal``) computes each once for its draws and its targets.
+
+    On the GPU paths (``gpu_paths``, ``lmtrain.execution``) the draws and log q of both modes go through
+    ``FixedDraws`` (the same distributions in a fixed number of operators), which take the step's ``top`` reach.
     """
 
     def __init__(
@@ -59,6 +64,11 @@ class KernelTree(nn.Module):
         self.store = TreeStore(features, leaf_size, eps, chunk_elements, refresh, feature_cache)  # no persistent state
         self.walk = TreeWalk(self.store, dense_factor)  # not a module (nor the scorer): they hold no tensors
         self.scorer = BucketScorer(features, self.store, self.walk)
+        self.fixed = FixedDraws(self.store, self.scorer)
+
+    def top_reach(self, phi: Tensor) -> Tensor | None:
+        """The GPU paths' reach of the top levels for queries phi (N, F) (``FixedWalk.top_reach``); None on a CPU."""
+        return self.fixed.top_reach(phi) if self.gpu_paths else None
 
     # --- the store: building and the shape of the tree --------------------------------------------
     def rebuild(self, weight: Tensor) -> None:
@@ -101,6 +111,10 @@ class KernelTree(nn.Module):
     def depth(self) -> int:
         return self.store.depth
 
+    def use_gpu_paths(self, on: bool) -> None:
+        """Switch the tree and its parts (the store and its cache, the scorer's blocks) to the GPU or CPU paths."""
+        self.gpu_paths = self.store.gpu_paths = bool(on)
+
     def _check(self, query: Tensor) -> None:
         if self.weight is None:
             raise RuntimeError("KernelTree is empty: call update(weight) (or rebuild) before sampling")
@@ -108,9 +122,13 @@ class KernelTree(nn.Module):
             raise ValueError(f"query has {query.shape[-1]} features, class vectors {self.weight.shape[1]}")
 
     # --- per example ----------------------------------------------------------------------------
-    def sample(self, query: Tensor, num_samples: int, phi: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def sample(
+        self, query: Tensor, num_samples: int, phi: Tensor | None = None, top: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         """query (N, d) -> ids (N, m) drawn per example, and their exact log q (N, m)."""
         self._check(query)
+        if self.gpu_paths:
+            return self.fixed.sample(query, self.features(query) if phi is None else phi, num_samples, top)
         n_query = query.shape[0]
         uniform = torch.rand(self.depth, n_query * num_samples, device=query.device)
         phi = self.features(query) if phi is None else phi
@@ -135,11 +153,15 @@ class KernelTree(nn.Module):
         feats = self.nodes.shape[1]
         dense = 2 * self.num_buckets * feats + self.num_classes * in_features
         walk = num_samples * (self.depth * 2 * feats + self.bucket_size * in_features)
+        if self.gpu_paths:  # the fixed walk: the same operators whatever n
+            return False
         return dense <= WALK_COST * walk and n_query * self.num_classes <= DENSE_MAX_ENTRIES
 
-    def log_q(self, query: Tensor, ids: Tensor, phi: Tensor | None = None) -> Tensor:
+    def log_q(self, query: Tensor, ids: Tensor, phi: Tensor | None = None, top: Tensor | None = None) -> Tensor:
         """Exact log q of any ids (N, k) under the walk that ``sample`` performs, (N, k)."""
         self._check(query)
+        if self.gpu_paths:
+            return self.fixed.log_q(query, self.features(query) if phi is None else phi, ids, top)
         n_query, k = ids.shape
         bucket = torch.div(ids, self.bucket_size, rounding_mode="floor")  # (N, k)
         logk, _ = self.scorer.kernel(query, bucket.reshape(-1), k)  # (W, L)
@@ -149,14 +171,14 @@ class KernelTree(nn.Module):
             return log_in
         return self.walk.path_log_q(self.features(query) if phi is None else phi, bucket) + log_in
 
-    def log_q_many(self, query: Tensor, ids: Tensor, phi: Tensor | None = None) -> Tensor:
+    def log_q_many(self, query: Tensor, ids: Tensor, phi: Tensor | None = None, top: Tensor | None = None) -> Tensor:
         """``log_q`` of ids (N, k) drawn elsewhere (a kernel proposal's unigram share), through every query's
         probability of reaching every bucket (one product per level, ``TreeWalk.log_reach``) when the tree has few
         buckets for the number of ids: reach reads 2B node sums per query, the paths k x depth x 2 (gathered,
         ``GATHER_COST`` times slower each)."""
         n_query, k = ids.shape
-        if self.depth == 0 or self.num_buckets > GATHER_COST * k * self.depth * 2:
-            return self.log_q(query, ids, phi)
+        if self.gpu_paths or self.depth == 0 or self.num_buckets > GATHER_COST * k * self.depth * 2:
+            return self.log_q(query, ids, phi, top)
         bucket = torch.div(ids, self.bucket_size, rounding_mode="floor")  # (N, k)
         logk, _ = self.scorer.kernel(query, bucket.reshape(-1), k)  # (N k, L)
         pick = (ids - bucket * self.bucket_size).view(-1, 1)  # (N k, 1)
@@ -192,16 +214,22 @@ class KernelTree(nn.Module):
         return self.scorer.empty(psi)
 
     def sample_mixture(
-        self, psi: Tensor, num_samples: int, scores: BucketScores | None = None
+        self, psi: Tensor, num_samples: int, scores: BucketScores | None = None, top: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
         """``num_samples`` ids (m,) drawn with psi's walk (see ``mixture``) and their exact log q-bar (m,)."""
+        if self.gpu_paths:
+            return self.fixed.sample_mixture(psi, num_samples, top)
         uniform = torch.rand(self.depth, num_samples, device=psi.device)
         bucket, log_path = self.walk.descend(psi.unsqueeze(0), num_samples, uniform)  # (m,) each
         ids, log_in = self.walk.pick(*self.scorer.mixture(psi, bucket, scores))  # (m,) each
         return ids, log_path + log_in
 
-    def log_q_mixture(self, psi: Tensor, ids: Tensor, scores: BucketScores | None = None) -> Tensor:
+    def log_q_mixture(
+        self, psi: Tensor, ids: Tensor, scores: BucketScores | None = None, top: Tensor | None = None
+    ) -> Tensor:
         """Exact log q-bar of any ids (any shape) under psi's walk, the same shape."""
+        if self.gpu_paths:
+            return self.fixed.log_q_mixture(psi, ids, top)
         flat = ids.reshape(-1)
         bucket = torch.div(flat, self.bucket_size, rounding_mode="floor")  # (K,)
         distinct, inverse = torch.unique(bucket, return_inverse=True)  # each bucket's members scored once

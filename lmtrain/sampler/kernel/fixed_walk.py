@@ -1,0 +1,127 @@
+"""The kernel tree's descent in a fixed number of operators, whatever the depth: the GPU path of ``TreeWalk``.
+
+``TreeWalk`` descends level by level (a few operators per level, cache-sized blocks per level on a CPU), so a
+step's operator count grows with log n and with the batch. Here the top levels are scored for every node at
+once and the walkers only descend the last ``WALKED_LEVELS`` levels by gathers:
+
+1. ``top_reach``: one product of the queries with every node of levels 1..t (t = depth - WALKED_LEVELS) gives
+   each node's clamped score, hence every branch probability of those levels; the log-probability of reaching
+   each node of level t is the sum of its ancestors' branch log-probabilities (one gather through a fixed
+   ancestor table, one sum). This is the walk's own probability of arriving there, not an approximation.
+2. ``descend``: each walker draws its level-t node from that distribution (inverse CDF: a cumulative sum and a
+   sorted search) and descends the remaining levels as ``TreeWalk`` does, gathering its node's children.
+3. ``path_log_q``: a known bucket's path probability is the reach of its level-t ancestor plus the branch
+   probabilities of its last levels, gathered for all those levels at once.
+
+Draws and log q follow the same branch probabilities as ``TreeWalk`` (the same clamps max(<phi, z>, floor)), so
+the proposal is the same distribution; only its random numbers are used differently. The number of operators
+is fixed; the product of step 1 reads N x 2^(t+1) x F node values, a share 2^-WALKED_LEVELS of the tree.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from lmtrain.sampler.kernel.store import TreeStore
+
+# levels each walker descends by gathers; the levels above are scored for all of their nodes by one product.
+# Five balances the two costs at n = 10^6 (N = 700 queries, F = 2048): the product reads 2^13 node rows per query,
+# the gathers 5 x 2 node rows per walker, 100 walkers per query. Chosen, not yet timed on a GPU.
+WALKED_LEVELS = 5
+
+
+class FixedWalk:
+    """``TreeWalk``'s descent and path probabilities with a fixed operator count (see the module docstring).
+
+    It reads the store's tensors at every call, like ``TreeWalk``; ``walked`` is the number of levels that
+    walkers descend by gathers (the rest are scored whole by ``top_reach``)."""
+
+    def __init__(self, store: TreeStore, walked: int = WALKED_LEVELS) -> None:
+        self.store = store
+        self.walked = walked
+        self._ancestors: dict[tuple[int, torch.device], Tensor] = {}
+
+    @property
+    def top(self) -> int:
+        """t: the level whose nodes ``top_reach`` gives the probability of (0: the root, nothing scored whole)."""
+        return max(0, self.store.depth - self.walked)
+
+    def ancestors(self, level: int, device: torch.device) -> Tensor:
+        """For every node of ``level`` (2^level of them), the rows of its ancestors at levels 1..level in the
+        table of branch log-probabilities (heap index - 1): (2^level, level), built once per level and device."""
+        key = (level, device)
+        if key not in self._ancestors:
+            heap = torch.arange(1 << level, device=device) + (1 << level)  # 1-based heap index of each node
+            shifts = torch.arange(level - 1, -1, -1, device=device)  # (level,): from level 1 down to ``level``
+            self._ancestors[key] = (heap.unsqueeze(1) >> shifts) - 2  # 1-based ancestor - 1 (root's child = 0)
+        return self._ancestors[key]
+
+    def top_reach(self, phi: Tensor) -> Tensor:
+        """Log-probability (N, 2^t) that each query's walk reaches each node of level t, from one product of the
+        queries phi (N, F) with the nodes of levels 1..t."""
+        level = self.top
+        if level == 0:
+            return phi.new_zeros(phi.shape[0], 1)
+        count = (2 << level) - 1  # nodes of levels 0..t
+        nodes = self.store.nodes[1:count]  # (2^(t+1) - 2, F): every node below the root, down to level t
+        s = torch.maximum(phi @ nodes.T, self.store.floor[1:count]).view(phi.shape[0], -1, 2)  # (N, pairs, 2)
+        branch = (s.log() - s.sum(2, keepdim=True).log()).nan_to_num(nan=float("-inf"))  # empty pairs: 0 / 0
+        table = self.ancestors(level, phi.device)  # (2^t, t)
+        return branch.flatten(1).index_select(1, table.flatten()).view(phi.shape[0], -1, level).sum(2)  # (N, 2^t)
+
+    def descend(self, phi: Tensor, k: int, top: Tensor) -> tuple[Tensor, Tensor]:
+        """k walkers per query phi (N, F) (walker w belongs to query w // k), starting from ``top`` (N, 2^t), the
+        reach of level t: the buckets reached (W,) and each path's log-probability (W,)."""
+        n_query, feats = phi.shape
+        store, level = self.store, self.top
+        cdf = top.exp().cumsum(1)  # (N, 2^t)
+        total = cdf[:, -1:]
+        target = torch.minimum(torch.rand(n_query, k, device=phi.device) * total, total.nextafter(total.new_zeros(())))
+        start = torch.searchsorted(cdf, target, right=True)  # (N, k): first node whose cdf exceeds the target
+        log_path = top.gather(1, start).view(-1)  # (W,)
+        pos = start.view(-1) + ((1 << level) - 1)  # (W,) heap index of each walker's node
+        steps = store.depth - level
+        if steps == 0:
+            return pos - (store.num_buckets - 1), log_path
+        pairs = store.nodes[1:].view(-1, 2 * feats)  # row i: both children of heap node i
+        floor = store.floor[1:].view(-1, 2)
+        uniform = torch.rand(steps, n_query * k, device=phi.device)
+        scores, turns = [], []
+        for step in range(steps):  # WALKED_LEVELS steps at most, whatever n
+            z = pairs.index_select(0, pos).view(n_query, 2 * k, feats)  # (N, 2k, F)
+            raw = torch.bmm(phi.unsqueeze(1), z.transpose(1, 2)).view(-1, 2)  # (W, 2)
+            s = torch.maximum(raw, floor.index_select(0, pos))
+            right = uniform[step] >= s[:, 0] / s.sum(1)  # (W,) go right with prob s_R / (s_L + s_R)
+            scores.append(s)
+            turns.append(right)
+            pos = pos * 2 + 1 + right
+        s = torch.stack(scores, 1)  # (W, steps, 2)
+        chosen = s.gather(2, torch.stack(turns, 1).long().unsqueeze(2)).squeeze(2)  # (W, steps)
+        return pos - (store.num_buckets - 1), log_path + (chosen.log() - s.sum(2).log()).sum(1)
+
+    def path_log_q(self, phi: Tensor, bucket: Tensor, top: Tensor) -> Tensor:
+        """Log-probability (N, k) that query i's walk reaches ``bucket[i, j]`` (N, k), phi (N, F), ``top`` its
+        reach of level t (N, 2^t); one query phi (1, F) with ``top`` (1, 2^t) serves buckets of any shape."""
+        store, level = self.store, self.top
+        steps = store.depth - level
+        leaf = bucket + store.num_buckets  # 1-based heap index of each bucket
+        start = (leaf >> steps) - (1 << level)  # the level-t ancestor's position on its level
+        if phi.shape[0] > 1:
+            log_q = top.gather(1, start)  # (N, k)
+        else:
+            log_q = top[0].index_select(0, start.reshape(-1)).view(start.shape)
+        if steps == 0:
+            return log_q
+        shifts = torch.arange(steps, 0, -1, device=bucket.device)  # the last ``steps`` levels, top down
+        parents = (leaf.unsqueeze(-1) >> shifts) - 1  # (..., steps) heap index of the node left at each level
+        right = ((leaf.unsqueeze(-1) >> (shifts - 1)) & 1).unsqueeze(-1)  # (..., steps, 1)
+        feats = phi.shape[1]
+        z = store.nodes[1:].view(-1, 2, feats).index_select(0, parents.reshape(-1))  # (K steps, 2, F)
+        if phi.shape[0] > 1:  # one query per row of bucket: (N, k steps 2, F) against phi (N, F)
+            raw = torch.bmm(z.view(phi.shape[0], -1, feats), phi.unsqueeze(2))  # (N, k steps 2, 1)
+        else:
+            raw = z.view(-1, feats) @ phi[0]  # (K steps 2,)
+        floor = store.floor[1:].view(-1, 2).index_select(0, parents.reshape(-1))  # (K steps, 2)
+        s = torch.maximum(raw.view(-1, 2), floor).view(*parents.shape, 2)  # (..., steps, 2)
+        return log_q + (s.gather(-1, right).squeeze(-1).log() - s.sum(-1).log()).sum(-1)
