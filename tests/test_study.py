@@ -81,6 +81,7 @@ def test_beats_only_beyond_twice_the_pooled_sd():
     assert verdict(a, CellStats("b", (106.0, 108.0, 110.0))) == "beats"  # 6 apart > 4
     assert verdict(CellStats("b", (106.0, 108.0, 110.0)), a) == "behind"
     assert verdict(CellStats("one", (90.0,)), a) == ""  # one seed: no spread, no verdict
+    assert verdict(CellStats("two", (50.0, 51.0)), a) == ""  # two seeds: still no verdict (the rule is >= 3)
 
 
 def test_table_is_mean_and_sd_over_seeds_with_failed_runs_counted_apart(tmp_path):
@@ -91,7 +92,7 @@ def test_table_is_mean_and_sd_over_seeds_with_failed_runs_counted_apart(tmp_path
     records += [fake_record("s", "output=full,seed=9", 1.0)]  # a seed the study does not declare: left out
     table = render_table(spec, records)
     assert "| full |  | 3 | 102.0 ± 2.0 | 103.0 ± 2.0 | reference |" in table
-    assert "| unigram |  | 2 (1 failed) | 121.0 ± 1.4 |" in table and "+18.6% behind" in table
+    assert "| unigram |  | 2 (1 failed) | 121.0 ± 1.4 | 122.0 ± 1.4 | +18.6% |" in table  # 2 seeds: no verdict
     assert "| unigram | 10 | 0 | — | — | — |" in table
 
 
@@ -170,3 +171,42 @@ def test_readme_which_one_to_pick_quotes_only_rendered_tables():
     assert len(numbers) >= 10  # the section does quote measurements
     missing = [n for n in numbers if not re.search(rf"(?<![\d.,]){re.escape(n)}(?![\d])", rendered)]
     assert not missing, f"README quotes numbers no rendered table holds: {missing}"
+
+
+def test_a_run_another_study_measured_on_the_same_device_kind_reuses_its_record(tmp_path, monkeypatch):
+    """Same resolved config (paths and study name aside), same device kind: a copy naming its origin, no training.
+    Another value, another device, or an older record lacking an option set away from its default: trained."""
+    import lmtrain.study.runner as runner
+    from lmtrain.study.records import device_name
+    from lmtrain.study.reuse import resolved_config
+
+    measured = parse_spec("a", {"overrides": ["data=synthetic"], "grid": [{"output": ["full"]}], "seeds": [1]})
+    (run,) = measured.runs()
+    config = resolved_config(runner.run_overrides(measured, run))
+    config.update(run_dir="/elsewhere/runs/study/a/output-full__seed-1", data={**config["data"], "root": "/x"})
+    del config["trainer"]["num_nodes"]  # an option the older record predates, at its default today
+    here = device_name(config)  # this machine's device kind
+    record = {**fake_record("a", run.key, 99.5), "config": config, "device": here}
+    append_record(tmp_path / "a" / "records.jsonl", record)
+    wanted = parse_spec(
+        "b",
+        {
+            "overrides": ["data=synthetic"],
+            "grid": [{"output": ["full"], "output.bias_init": ["zero", "log_unigram"]}, {"output": ["unigram"]}],
+            "seeds": [1],
+        },
+    )
+    trained = []
+    monkeypatch.setattr(runner, "execute", lambda spec, run, *args: trained.append(run.key) or run.key)
+    assert runner.run_study(wanted, tmp_path, tmp_path / "runs") == 2  # log_unigram and unigram, not zero
+    assert trained == ["output=full,output.bias_init=log_unigram,seed=1", "output=unigram,seed=1"]
+    (copy,) = read_records(tmp_path / "b" / "records.jsonl")
+    assert copy["key"] == "output=full,output.bias_init=zero,seed=1" and copy["study"] == "b"
+    assert copy["reused_from"] == {"study": "a", "key": "output=full,seed=1"} and copy["test"]["ppl"] == 99.5
+    assert "| full | zero | 1 | 99.5 |" in render_table(wanted, read_records(tmp_path / "b" / "records.jsonl"))
+    same = parse_spec("c", {"overrides": ["data=synthetic"], "grid": [{"output": ["full"]}], "seeds": [1]})
+    assert runner.reusable(same, same.runs(), tmp_path, lambda r: runner.run_overrides(same, r))
+    gpu = runner.reusable(same, same.runs(), tmp_path, lambda r: runner.run_overrides(same, r), "NVIDIA H100")
+    assert gpu == {}  # measured on another device kind
+    steps = parse_spec("d", {"overrides": ["data=synthetic", "trainer.num_nodes=2"], "grid": [{"output": ["full"]}]})
+    assert runner.reusable(steps, steps.runs()[:1], tmp_path, lambda r: runner.run_overrides(steps, r)) == {}
