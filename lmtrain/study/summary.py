@@ -100,7 +100,7 @@ def render_summary(root: Path) -> str:
     lines += [
         "",
         "Test perplexity after 1,000 PTB steps, mean ± sd over 3 seeds; in brackets: against the full softmax's cell"
-        " of the same column (same start, same device), 'tied' unless the means differ by more than twice the pooled"
+        " of the same column (the same start), 'tied' unless the means differ by more than twice the pooled"
         " sd. Each column holds only runs that started their output biases as its header says (nce and negative"
         " start at the log unigram by default). '—': no such runs (rff has no output biases, hsm and adaptive no"
         " `bias_init` option, quadratic's log-unigram start is advised against and not measured). exp's runs ran"
