@@ -2,7 +2,7 @@
 side-by-side benchmark record, never typed.
 
 One row per output strategy (the cells of ``ptb_m100``); each quality column is one study's cell of that strategy,
-compared with the full softmax's cell of the same study (the same start, the same device, the same recipe) by the
+compared with the full softmax's cell of the same start and recipe (a column may take cells from two studies) by the
 rule of ``lmtrain.study.stats``; the speed column is the benchmark's tokens/s ratio to the full softmax, measured
 in the same run at the studies' batch shape (20 x 20). The block ``<!-- summary:answer -->`` of a page holds it.
 """
