@@ -81,6 +81,7 @@ def test_beats_only_beyond_twice_the_pooled_sd():
     assert verdict(a, CellStats("b", (106.0, 108.0, 110.0))) == "beats"  # 6 apart > 4
     assert verdict(CellStats("b", (106.0, 108.0, 110.0)), a) == "behind"
     assert verdict(CellStats("one", (90.0,)), a) == ""  # one seed: no spread, no verdict
+    assert verdict(CellStats("two", (50.0, 51.0)), a) == ""  # two seeds: still no verdict (the rule is >= 3)
 
 
 def test_table_is_mean_and_sd_over_seeds_with_failed_runs_counted_apart(tmp_path):
@@ -91,7 +92,7 @@ def test_table_is_mean_and_sd_over_seeds_with_failed_runs_counted_apart(tmp_path
     records += [fake_record("s", "output=full,seed=9", 1.0)]  # a seed the study does not declare: left out
     table = render_table(spec, records)
     assert "| full |  | 3 | 102.0 ± 2.0 | 103.0 ± 2.0 | reference |" in table
-    assert "| unigram |  | 2 (1 failed) | 121.0 ± 1.4 |" in table and "+18.6% behind" in table
+    assert "| unigram |  | 2 (1 failed) | 121.0 ± 1.4 | 122.0 ± 1.4 | +18.6% |" in table  # 2 seeds: no verdict
     assert "| unigram | 10 | 0 | — | — | — |" in table
 
 
@@ -157,16 +158,132 @@ def test_committed_tables_and_results_page_match_their_records():
 
 
 def test_readme_which_one_to_pick_quotes_only_rendered_tables():
-    """Every decimal number of README's "Which one to pick" appears in a rendered study or benchmark table, so the
-    advice cannot drift from the records (a typo, or a number left over from older defaults, fails here)."""
+    """Every decimal number of README's "Which one to pick" appears in a rendered study, benchmark or answer table, so
+    the advice cannot drift from the records (a typo, or a number left over from older defaults, fails here)."""
     import re
 
     root = Path(__file__).resolve().parents[1]
     readme = (root / "README.md").read_text()
     section = readme.split("**Which one to pick**", 1)[1].split("\n\n", 1)[0]
-    tables = [*(root / "docs" / "study").glob("*/table.md"), *(root / "docs" / "bench").glob("*.md")]
-    rendered = "\n".join(path.read_text() for path in tables)
+    rendered = _rendered(root)
     numbers = re.findall(r"\d[\d,]*\.\d+", section)
     assert len(numbers) >= 10  # the section does quote measurements
     missing = [n for n in numbers if not re.search(rf"(?<![\d.,]){re.escape(n)}(?![\d])", rendered)]
     assert not missing, f"README quotes numbers no rendered table holds: {missing}"
+
+
+def test_a_run_another_study_measured_on_the_same_device_kind_reuses_its_record(tmp_path, monkeypatch):
+    """Same resolved config (paths and study name aside), same device kind: a copy naming its origin, no training.
+    Another value, another device, or an older record lacking an option set away from its default: trained."""
+    import lmtrain.study.runner as runner
+    from lmtrain.study.records import device_name
+    from lmtrain.study.reuse import resolved_config
+
+    measured = parse_spec("a", {"overrides": ["data=synthetic"], "grid": [{"output": ["full"]}], "seeds": [1]})
+    (run,) = measured.runs()
+    config = resolved_config(runner.run_overrides(measured, run))
+    config.update(run_dir="/elsewhere/runs/study/a/output-full__seed-1", data={**config["data"], "root": "/x"})
+    del config["trainer"]["num_nodes"]  # an option the older record predates, at its default today
+    here = device_name(config)  # this machine's device kind
+    record = {**fake_record("a", run.key, 99.5), "config": config, "device": here}
+    append_record(tmp_path / "a" / "records.jsonl", record)
+    wanted = parse_spec(
+        "b",
+        {
+            "overrides": ["data=synthetic"],
+            "grid": [{"output": ["full"], "output.bias_init": ["zero", "log_unigram"]}, {"output": ["unigram"]}],
+            "seeds": [1],
+        },
+    )
+    trained = []
+    monkeypatch.setattr(runner, "execute", lambda spec, run, *args: trained.append(run.key) or run.key)
+    assert runner.run_study(wanted, tmp_path, tmp_path / "runs") == 2  # log_unigram and unigram, not zero
+    assert trained == ["output=full,output.bias_init=log_unigram,seed=1", "output=unigram,seed=1"]
+    (copy,) = read_records(tmp_path / "b" / "records.jsonl")
+    assert copy["key"] == "output=full,output.bias_init=zero,seed=1" and copy["study"] == "b"
+    assert copy["reused_from"] == {"study": "a", "key": "output=full,seed=1"} and copy["test"]["ppl"] == 99.5
+    assert "| full | zero | 1 | 99.5 |" in render_table(wanted, read_records(tmp_path / "b" / "records.jsonl"))
+    same = parse_spec("c", {"overrides": ["data=synthetic"], "grid": [{"output": ["full"]}], "seeds": [1]})
+    assert runner.reusable(same, same.runs(), tmp_path, lambda r: runner.run_overrides(same, r))
+    gpu = runner.reusable(same, same.runs(), tmp_path, lambda r: runner.run_overrides(same, r), "NVIDIA H100")
+    assert gpu == {}  # measured on another device kind
+    steps = parse_spec("d", {"overrides": ["data=synthetic", "trainer.num_nodes=2"], "grid": [{"output": ["full"]}]})
+    assert runner.reusable(steps, steps.runs()[:1], tmp_path, lambda r: runner.run_overrides(steps, r)) == {}
+
+
+VERDICT_WORDS = {"tied": "tied", "behind": "behind", "beats": "beats", "ahead": "beats"}
+
+
+def _prose(text: str) -> str:
+    """A page without its code blocks and rendered table blocks: the sentences written by hand."""
+    import re
+
+    text = re.sub(r"```.*?```", "", text, flags=re.DOTALL)
+    text = re.sub(r"<!-- (study|bench|summary):([\w.-]+) -->.*?<!-- /\1:\2 -->", "", text, flags=re.DOTALL)
+    return "\n".join(line for line in text.splitlines() if not line.startswith("    "))  # indented commands
+
+
+def _rendered(root: Path) -> str:
+    from lmtrain.study.summary import render_summary
+
+    tables = [*(root / "docs" / "study").glob("*/table.md"), *(root / "docs" / "bench").glob("*.md")]
+    return "\n".join(path.read_text() for path in tables) + render_summary(root / "docs" / "study")
+
+
+def _pages(root: Path) -> dict[str, str]:
+    readme = (root / "README.md").read_text().split("**Which one to pick**", 1)[1].split("\n\n", 1)[0]
+    pages = {"README.md (Which one to pick)": readme}
+    pages.update({name: _prose((root / "docs" / name).read_text()) for name in ("results.md", "strategies.md")})
+    return pages
+
+
+def test_docs_quote_only_numbers_that_a_rendered_table_holds():
+    """Every measurement written by hand in README's advice, docs/results.md and docs/strategies.md (a mean ± sd, a
+    relative difference, a speed ratio) appears in a rendered study, benchmark or answer table."""
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    rendered = _rendered(root)
+    missing = []
+    for page, text in _pages(root).items():
+        figures = re.findall(r"(?<![\d.])(\d[\d,]*\.\d+) ± (\d[\d,]*\.\d+)", text)
+        numbers = [n for pair in figures for n in pair] + re.findall(r"(?<![\d.])([+-]\d[\d,]*\.\d+)%", text)
+        numbers += re.findall(r"(?<![\d.])(\d+\.\d+)x\b", text)
+        missing += [(page, n) for n in numbers if not re.search(rf"(?<![\d.,]){re.escape(n)}(?![\d])", rendered)]
+    assert not missing, f"numbers no rendered table holds: {missing}"
+
+
+def _clauses(text: str) -> list[str]:
+    import re
+
+    return [c for c in re.split(r"(?<=[.;:])\s+|(?<=\)),\s+|\n\s*[-|]\s*|\n\n|\|", text) if c.strip()]
+
+
+def test_comparison_words_beside_numbers_agree_with_the_verdict_rule():
+    """A "tied" / "behind" / "beats" (or "ahead") written after a relative difference must be the verdict its
+    rendered cell gives it ("+3.0% behind"), and one written in a clause comparing two figures "A ± a ... B ± b" must
+    be the rule's verdict for A against B (3 seeds each: beyond twice the pooled sd, else tied)."""
+    import math
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    rendered = _rendered(root)
+    pairs = {(pct, word) for pct, word in re.findall(r"([+-]\d[\d,]*\.\d+%)[^|\d%]{0,3}?(tied|behind|beats)", rendered)}
+    wrong, checked = [], 0
+    words = "|".join(VERDICT_WORDS)
+    for page, text in _pages(root).items():
+        for clause in _clauses(text.replace("\n", " ")):
+            for pct, word in re.findall(rf"([+-]\d[\d,]*\.\d+%)(?:[^%]*?)\b({words})\b", clause):
+                checked += 1
+                if (pct, VERDICT_WORDS[word]) not in pairs:
+                    wrong.append((page, f"{pct} {word}", clause))
+            figures = re.findall(r"(?<![\d.])(\d[\d,]*\.\d+) ± (\d[\d,]*\.\d+)", clause)
+            said = re.findall(rf"\b({words})\b", clause)
+            if len(figures) == 2 and len(said) == 1 and not re.search(r"[+-]\d[\d,]*\.\d+%", clause):
+                (a, sa), (b, sb) = [(float(m.replace(",", "")), float(s.replace(",", ""))) for m, s in figures]
+                rule = "tied" if abs(a - b) <= 2 * math.sqrt((sa**2 + sb**2) / 2) else ("beats" if a < b else "behind")
+                checked += 1
+                if rule != VERDICT_WORDS[said[0]]:
+                    wrong.append((page, f"{a} vs {b}: written {said[0]}, the rule says {rule}", clause))
+    assert checked >= 20  # the pages do make comparisons
+    assert not wrong, "comparison words that disagree with the verdict rule:\n" + "\n".join(map(str, wrong))

@@ -4,13 +4,16 @@
                                                           then render
     python -m lmtrain.study NAME --render                 write docs/study/NAME/table.md and plot.png from records
     python -m lmtrain.study NAME --dry-run                print the commands of the pending runs
-    python -m lmtrain.study list                          every study: cells, seeds per cell, runs recorded
+    python -m lmtrain.study list [--cells]                every study: cells, seeds per cell, runs recorded
+                                                          (--cells: every declared cell with its seeds)
     python -m lmtrain.study --bench docs/bench/X.json     render a bench_train record as docs/bench/X.md
     python -m lmtrain.study --docs                        refresh the tables quoted in docs/results.md
     python -m lmtrain.study --check                       exit 1 if a committed table differs from its rendering
 
 NAME is a study of the package (lmtrain/studies/NAME.yaml) or the path of a user's own study YAML file.
-Records go to ROOT/NAME/records.jsonl (``--root``, default docs/study), run folders to runs/study/NAME.
+Records go to ROOT/NAME/records.jsonl (``--root``, default docs/study), run folders to runs/study/NAME. A run
+that another study's record already measured (same resolved config, paths aside, same device kind) takes a copy of
+that record instead of training (``--no-reuse``: train it anyway).
 """
 
 from __future__ import annotations
@@ -23,19 +26,25 @@ from lmtrain.study.bench import render_bench, write_bench
 from lmtrain.study.docs import fill_page, stale_page
 from lmtrain.study.records import read_records
 from lmtrain.study.render import check, render
-from lmtrain.study.runner import command, pending_runs, records_path, run_folder, run_study
+from lmtrain.study.reuse import reusable
+from lmtrain.study.runner import command, pending_runs, records_path, run_folder, run_overrides, run_study
 from lmtrain.study.spec import StudyError, find_spec, load_spec, package_studies
 
 
-def _list(root: Path) -> int:
+def _list(root: Path, cells: bool = False) -> int:
     for name, path in sorted(package_studies().items()):
         spec = load_spec(path)
-        done = len(read_records(records_path(spec, root)))
-        total = len(spec.runs())
+        keys = {record["key"] for record in read_records(records_path(spec, root))}
+        declared = {run.key for run in spec.runs()}
+        total = len(declared)
         counts = sorted({len(spec.seeds_of(cell)) for cell in spec.cells})
         seeds = "-".join(map(str, (counts[0], counts[-1]) if len(counts) > 1 else counts)) + " seeds"
-        print(f"{name:<22} {len(spec.cells):>3} cells x {seeds:<8} {done:>4}/{total:<4} recorded  ")
+        print(f"{name:<22} {len(spec.cells):>3} cells x {seeds:<8} {len(keys & declared):>4}/{total:<4} recorded  ")
         print(f"{'':<22} {spec.description}")
+        for cell in spec.cells if cells else []:  # every declared cell: its seeds, and those recorded
+            own = spec.seeds_of(cell)
+            done = [s for s in own if f"{cell.label},seed={s}" in keys]
+            print(f"{'':<4}{cell.label:<60} seeds {','.join(map(str, own)):<8} recorded {len(done)}/{len(own)}")
     return 0
 
 
@@ -64,7 +73,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="print the pending runs' commands, run nothing")
     parser.add_argument("--jobs", type=int, default=1, help="runs trained at once (threads=auto shares the cores)")
     parser.add_argument("--limit", type=int, default=None, help="run at most this many pending runs")
-    parser.add_argument("--cells", default=None, help="only the cells whose label matches this glob ('output=rff*')")
+    parser.add_argument(
+        "--cells",
+        nargs="?",
+        const="*",
+        default=None,
+        help="only the cells whose label matches this glob ('output=rff*'); with `list`: show every cell and its seeds",
+    )
+    parser.add_argument("--no-reuse", action="store_true", help="train runs that another study's record measured")
     parser.add_argument("--root", type=Path, default=Path("docs/study"), help="where records and tables go")
     parser.add_argument("--runs", type=Path, default=Path("runs/study"), help="where the run folders go")
     args = parser.parse_args(argv)
@@ -79,18 +95,22 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{'updated' if fill_page(page, args.root) else 'unchanged'}: {page}")
         return 0
     if args.name in (None, "list"):
-        return _list(args.root)
+        return _list(args.root, cells=args.cells is not None)
     try:
         spec = find_spec(args.name)
     except StudyError as err:
         print(f"lmtrain.study: {err}", file=sys.stderr)
         return 2
     if args.dry_run:
-        for run in pending_runs(spec, args.root, args.cells)[: args.limit]:
+        pending = pending_runs(spec, args.root, args.cells)
+        found = {} if args.no_reuse else reusable(spec, pending, args.root, lambda run: run_overrides(spec, run))
+        for run in [run for run in pending if run.key in found]:
+            print(f"# {run.key}: would reuse {found[run.key]['study']}'s record {found[run.key]['key']}")
+        for run in [run for run in pending if run.key not in found][: args.limit]:
             print(" ".join(command(spec, run, run_folder(spec, run, args.runs))[1:]))
         return 0
     if not args.render:
-        run_study(spec, args.root, args.runs, jobs=args.jobs, limit=args.limit, cells=args.cells)
+        run_study(spec, args.root, args.runs, args.jobs, args.limit, args.cells, reuse=not args.no_reuse)
     for path in render(spec, args.root):
         print(f"wrote {path}")
     return 0

@@ -1,14 +1,18 @@
 """Study tables inside a markdown page: a block ``<!-- study:NAME -->`` ... ``<!-- /study:NAME -->`` holds the
-rendered ``table.md`` of study NAME (``bench:NAME``: the rendered docs/bench/NAME.md of a benchmark record), so
-that the prose of docs/results.md quotes rendered tables, never copies."""
+rendered ``table.md`` of study NAME (``bench:NAME``: the rendered docs/bench/NAME.md of a benchmark record;
+``summary:answer``: the answer table of ``lmtrain.study.summary``), so that the prose of docs/results.md quotes
+rendered tables, never copies."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+from lmtrain.study.summary import render_summary
+
 BLOCK = re.compile(
-    r"(<!-- (?P<kind>study|bench):(?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /(?P=kind):(?P=name) -->)", re.DOTALL
+    r"(<!-- (?P<kind>study|bench|summary):(?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /(?P=kind):(?P=name) -->)",
+    re.DOTALL,
 )
 
 
@@ -16,6 +20,8 @@ def filled(text: str, root: Path) -> str:
     """``text`` with every study block replaced by that study's rendered table (left as is when it has none)."""
 
     def table(match: re.Match[str]) -> str:
+        if match["kind"] == "summary":
+            return f"{match.group(1)}{render_summary(root)}{match.group(5)}" if match["name"] == "answer" else match[0]
         bench = root.parent / "bench" / f"{match['name']}.md"  # a benchmark's rendered table, beside its JSON
         path = bench if match["kind"] == "bench" else root / match["name"] / "table.md"
         if not path.is_file():

@@ -2,7 +2,8 @@
 
 One process per run (rather than one Hydra multirun for the grid) is what lets a study resume: a run whose record
 exists is skipped, a run cut off mid-way resumes from its own ``last.ckpt``, and runs go in parallel (``jobs``)
-with ``threads=auto`` giving each its share of the cores.
+with ``threads=auto`` giving each its share of the cores. A run that another study already measured, with the same
+resolved config on the same device kind, takes a copy of that record instead (``lmtrain/study/reuse.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from lmtrain.study.records import append_record, build_record, code_version, read_records
+from lmtrain.study.reuse import reusable, reused_record
 from lmtrain.study.spec import Run, StudySpec
 from lmtrain.training.threads import JOBS_ENV, resolve_threads
 
@@ -40,21 +42,27 @@ def run_folder(spec: StudySpec, run: Run, runs_root: Path) -> Path:
     return runs_root / spec.name / f"{slug}__seed-{run.seed}"  # no '=': Hydra's override grammar forbids it
 
 
+def run_overrides(spec: StudySpec, run: Run) -> list[str]:
+    """What a run trains: the study's overrides, the cell's, the seed, CSV logging and no progress bar."""
+    return [*spec.overrides, *run.cell.overrides(), f"seed={run.seed}", "logger=csv", "progress_bar=false"]
+
+
 def command(spec: StudySpec, run: Run, folder: Path) -> list[str]:
-    """The training command of a run: the study's overrides, the cell's, the seed, CSV logging, its own folder."""
+    """The training command of a run: its overrides (``run_overrides``) and its own folder."""
     resume = ["ckpt_path=last"] if (folder / "checkpoints" / "last.ckpt").is_file() else []
-    return [
-        sys.executable,
-        "-m",
-        "lmtrain",
-        *spec.overrides,
-        *run.cell.overrides(),
-        f"seed={run.seed}",
-        "logger=csv",
-        "progress_bar=false",
-        f"hydra.run.dir={folder}",
-        *resume,
-    ]
+    return [sys.executable, "-m", "lmtrain", *run_overrides(spec, run), f"hydra.run.dir={folder}", *resume]
+
+
+def reuse_records(spec: StudySpec, runs: list[Run], root: Path, device: str | None = None) -> list[Run]:
+    """Append a copy of another study's record for every run it already measured (same resolved config, paths
+    aside, same device kind); returns the runs that are left to train."""
+    found = reusable(spec, runs, root, lambda run: run_overrides(spec, run), device)
+    for run in runs:
+        if run.key in found:
+            source = found[run.key]
+            append_record(records_path(spec, root), reused_record(spec, run, source))
+            print(f"{run.key}: reused {source['study']}'s record {source['key']} ({source.get('device')})", flush=True)
+    return [run for run in runs if run.key not in found]
 
 
 def _last_error(log: Path) -> str:
@@ -103,14 +111,23 @@ def _threads(folder: Path) -> int:
 
 
 def run_study(
-    spec: StudySpec, root: Path, runs_root: Path, jobs: int = 1, limit: int | None = None, cells: str | None = None
+    spec: StudySpec,
+    root: Path,
+    runs_root: Path,
+    jobs: int = 1,
+    limit: int | None = None,
+    cells: str | None = None,
+    reuse: bool = True,
 ) -> int:
     """Run the study's pending runs (those of the cells matching ``cells``), ``jobs`` at a time, at most ``limit``
-    of them; returns how many ran."""
+    of them, after taking over (``reuse``) what other studies' records already measured; returns how many ran."""
     missing = pending_runs(spec, root)
-    pending = [run for run in missing if cells is None or fnmatch.fnmatchcase(run.cell.label, cells)][:limit]
+    chosen = [run for run in missing if cells is None or fnmatch.fnmatchcase(run.cell.label, cells)]
+    left = reuse_records(spec, chosen, root) if reuse else chosen
+    pending = left[:limit]
     total = len(spec.runs())
-    print(f"study {spec.name}: {total - len(missing)} of {total} runs recorded, {len(pending)} to run")
+    recorded = total - len(missing) + len(chosen) - len(left)
+    print(f"study {spec.name}: {recorded} of {total} runs recorded, {len(pending)} to run")
     previous = os.environ.get(JOBS_ENV)
     os.environ[JOBS_ENV] = str(jobs)  # threads=auto of every run (inherited) shares the cores among the jobs
     code = code_version()  # one commit for the whole call

@@ -1,8 +1,8 @@
 """Seed statistics of a study's cells and the one comparison rule the tables and the prose use.
 
 "A beats B" only where the difference of the means exceeds twice the pooled standard deviation of the two cells'
-seeds, sqrt((sd_A^2 + sd_B^2) / 2); otherwise the two are "tied". With fewer than two seeds there is no spread
-to compare against, and no verdict.
+seeds, sqrt((sd_A^2 + sd_B^2) / 2); otherwise the two are "tied". A cell with fewer than ``MIN_SEEDS`` (3) seeds
+gets no verdict: one seed has no spread, and the sd of two is too unsteady to judge by.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import math
 import statistics
 from dataclasses import dataclass
 from typing import Any
+
+MIN_SEEDS = 3  # the project's rule: a verdict needs at least 3 seeds in each cell
 
 
 @dataclass(frozen=True)
@@ -47,8 +49,9 @@ def pooled_sd(a: CellStats, b: CellStats) -> float:
 
 
 def verdict(a: CellStats, b: CellStats) -> str:
-    """How ``a`` compares with ``b`` (lower perplexity is better): 'beats', 'behind', 'tied' or '' (no spread)."""
-    if a.n < 2 or b.n < 2:
+    """How ``a`` compares with ``b`` (lower perplexity is better): 'beats', 'behind', 'tied', or '' when either
+    cell has fewer than 3 seeds."""
+    if a.n < MIN_SEEDS or b.n < MIN_SEEDS:
         return ""
     if abs(a.mean - b.mean) <= 2 * pooled_sd(a, b):
         return "tied"
