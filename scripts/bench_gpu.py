@@ -49,7 +49,7 @@ OUTPUTS = (
 )
 # --quick: a tiny model on a small synthetic corpus, so that every code path runs in seconds on a CPU
 QUICK = ["model.emb_dim=16", "model.hidden_dim=16", "model.num_layers=1", "data.batch_size=8", "data.bptt=10"]
-QUICK += ["data.train_tokens=20000", "data.valid_tokens=1000", "data.test_tokens=1000"]
+QUICK += ["data.train_tokens=20000", "data.valid_tokens=1000", "data.test_tokens=1000", "threads=1"]
 PRESETS = {  # option: (default, --quick default)
     "corpora": ("ptb,zipf:100000,zipf:1000000", "synthetic:300"),
     "steps": (150, 6),
