@@ -21,24 +21,20 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
-import platform
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
-import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-import lightning
 import torch
-from bench_train import base_overrides, plain_round, round_overrides
+from bench_train import base_overrides, data_overrides, plain_round, round_overrides
 
 from lmtrain.config import compose_config
 from lmtrain.study.bench import write_bench
 from lmtrain.study.gpu_bench import KIND, PLAIN, checks, median
+from lmtrain.tools.provenance import commit, environment, run_cuda_tests
 from lmtrain.tools.step_clock import clock_throughput
 from lmtrain.training.run import train
 
@@ -68,6 +64,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--corpora", help="comma list: ptb, zipf:N, synthetic:N")
     parser.add_argument("--precisions", default="32-true,bf16-mixed", help="comma list of trainer.precision values")
     parser.add_argument("--chunked", default="output.train_chunk=4096", help="the override that forces chunked full")
+    parser.add_argument("--dense", default="output.train_chunk=0", help="the override that forces dense full")
     parser.add_argument("--override", action="append", default=[], help="extra Hydra override for every cell")
     parser.add_argument("--steps", type=int, help="most optimizer steps of a cell")
     parser.add_argument("--warmup", type=int, help="steps before the clock starts")
@@ -87,41 +84,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def strategies(args: argparse.Namespace) -> dict[str, str]:
-    """label -> entry (``output[:override...]``, as scripts/bench_train.py reads it); the chunked full softmax is
-    added when this lmtrain's full softmax has the option."""
-    found = dict(
-        (item.split("=", 1) if "=" in item.split(":")[0] else (item, item)) for item in args.outputs.split(",")
-    )
+    """label -> entry (``output[:override...]``, as scripts/bench_train.py reads it). Where this lmtrain's full
+    softmax has a chunked training path (``output.train_chunk``), ``full`` is its default (chunked by size) and
+    ``full chunked`` and ``full dense`` force either path."""
+    found = [
+        tuple(item.split("=", 1)) if "=" in item.split(":")[0] else (item, item) for item in args.outputs.split(",")
+    ]
     if "train_chunk" in compose_config(["output=full"]).output:
-        found["full chunked"] = f"full:{args.chunked}"
-    return found
-
-
-def junit_counts(path: Path) -> dict[str, int]:
-    """passed, failed, errors and skipped from a pytest JUnit XML report."""
-    root = ET.parse(path).getroot()
-    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
-    total = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
-    passed = total["tests"] - total["failures"] - total["errors"] - total["skipped"]
-    return {"passed": passed, "failed": total["failures"], "errors": total["errors"], "skipped": total["skipped"]}
-
-
-def run_tests(args: argparse.Namespace, deadline: float) -> dict[str, Any]:
-    """``pytest -m cuda`` on ``args.tests`` in a child process, within the time left: its counts."""
-    if args.tests == "none":
-        return {"status": "not run", "reason": "--tests none"}
-    with tempfile.TemporaryDirectory() as tmp:
-        report = Path(tmp) / "junit.xml"
-        command = ["python", "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider", *args.tests.split()]
-        started = time.monotonic()
-        try:
-            run = [sys.executable, *command[1:], f"--junitxml={report}"]
-            done = subprocess.run(run, cwd=ROOT, timeout=max(1, deadline - started))
-        except subprocess.TimeoutExpired:
-            return {"status": "timed out", "command": command, "reason": f"after {time.monotonic() - started:.0f} s"}
-        result = {"status": "ran", "command": command, "returncode": done.returncode}
-        result["seconds"] = time.monotonic() - started
-        return result | (junit_counts(report) if report.is_file() else {"status": "failed to run"})
+        at = next((i + 1 for i, (label, _) in enumerate(found) if label == "full"), len(found))
+        found[at:at] = [("full chunked", f"full:{args.chunked}"), ("full dense", f"full:{args.dense}")]
+    return dict(found)
 
 
 def cell_error(err: BaseException) -> tuple[str, str]:
@@ -142,8 +114,8 @@ def cell_error(err: BaseException) -> tuple[str, str]:
 def measure(cell: dict[str, Any], args: argparse.Namespace, run_dir: Path) -> float:
     """One round of one cell: its tokens/s; also records its overrides, steps timed and peak memory."""
     bench = argparse.Namespace(
-        experiment="none", device=args.device, threads=None, default_malloc=False, steps_for=[],
-        steps=args.steps, warmup=args.warmup, interval=20,
+        experiment="none", device=args.device, threads=None, default_malloc=False, steps=args.steps,
+        warmup=args.warmup,
         override=[*(QUICK if args.quick else []), *args.override, f"trainer.precision={cell['precision']}"],
     )  # fmt: skip
     if cell["strategy"] == PLAIN:
@@ -152,7 +124,8 @@ def measure(cell: dict[str, Any], args: argparse.Namespace, run_dir: Path) -> fl
     clock = run_dir / "clock.json"
     extra = ["+callbacks.clock._target_=lmtrain.tools.step_clock.StepClock", f"+callbacks.clock.path={clock}"]
     extra += [f"+callbacks.clock.warmup={args.warmup}", f"max_train_seconds={args.cell_seconds}"]
-    overrides = round_overrides(cell["entry"], bench, run_dir, cell["corpus"], extra)
+    output, *own = cell["entry"].split(":")
+    overrides = round_overrides(output, own, args.steps, 20, bench, run_dir, cell["corpus"], extra)
     cell["overrides"] = [o.replace(str(run_dir), "RUN_DIR") for o in overrides]
     train(compose_config(overrides))
     rate, timed = clock_throughput(clock, args.warmup)
@@ -166,6 +139,8 @@ def run_cell(cell: dict[str, Any], args: argparse.Namespace, run_dir: Path) -> N
     if args.device == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+        left = torch.cuda.memory_allocated() / 2**30  # what earlier cells left allocated: counted in the peak
+        cell["baseline_gib"] = max(cell.get("baseline_gib") or 0.0, left)
     started = time.monotonic()
     try:
         cell["tokens_per_sec"].append(measure(cell, args, run_dir))
@@ -179,32 +154,13 @@ def run_cell(cell: dict[str, Any], args: argparse.Namespace, run_dir: Path) -> N
     print(f"{cell['corpus']} {cell['precision']} {cell['strategy']}: {cell['status']} {got}", flush=True)
 
 
-def environment(device: str) -> dict[str, Any]:
-    """The device and the versions a record was measured with."""
-    name = torch.cuda.get_device_name() if device == "cuda" else (platform.processor() or platform.machine())
-    return {
-        "device": name,
-        "device_type": device,
-        "device_memory_gib": torch.cuda.get_device_properties(0).total_memory / 2**30 if device == "cuda" else None,
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version() if device == "cuda" else None,
-        "lightning": lightning.__version__,
-        "python": platform.python_version(),
-        "cpu_threads": torch.get_num_threads(),
-    }
-
-
-def git(*command: str) -> str:
-    return subprocess.run(["git", *command], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-
-
 def missing_corpus(corpus: str) -> str | None:
-    """Why a text corpus cannot be read here (its files absent: no download is tried), else None."""
-    name = corpus.partition(":")[0]
-    if name not in ("ptb", "wikitext2"):
-        return None
-    folder = Path(os.environ.get("LMTRAIN_DATA_DIR", "data")) / {"ptb": "ptb", "wikitext2": "wikitext-2"}[name]
+    """Why a text corpus (a data config with a ``root`` folder) cannot be read here, else None: a missing corpus is
+    skipped, never downloaded (a GPU machine may have no network)."""
+    data = compose_config(data_overrides(corpus)).data
+    if "root" not in data:
+        return None  # generated
+    folder = Path(str(data.root)) / str(data.name)
     return None if (folder / "train.txt").is_file() else f"no {folder}/train.txt: set LMTRAIN_DATA_DIR"
 
 
@@ -219,19 +175,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         | {"tokens_per_sec": [], "steps_timed": [], "seconds": [], "peak_gib": None, "overrides": []}
         for c in corpora for p in precisions for s in [*named, PLAIN]
     ]  # fmt: skip
+    missing = {corpus: missing_corpus(corpus) for corpus in corpora}
     for cell in cells:
-        if reason := missing_corpus(cell["corpus"]):
-            cell["status"], cell["reason"] = "skipped", reason
+        if missing[cell["corpus"]]:
+            cell["status"], cell["reason"] = "skipped", missing[cell["corpus"]]
     record = {
         "kind": KIND,
         "quick": args.quick,
         "command": shlex.join(["python", "scripts/bench_gpu.py", *(sys.argv[1:] if argv is None else argv)]),
-        "commit": git("rev-parse", "--short", "HEAD") + ("+dirty" if git("status", "--porcelain", "-uno") else ""),
+        "commit": commit(ROOT),
         "environment": environment(args.device),
         "settings": {k: getattr(args, k) for k in ("steps", "warmup", "rounds", "cell_seconds", "minutes")}
         | {"corpora": corpora, "precisions": precisions, "strategies": named, "override": args.override}
         | {"quick_overrides": QUICK if args.quick else [], "classes": {}},
-        "tests": run_tests(args, deadline),
+        "tests": run_cuda_tests(args.tests.split(), 0.4 * (deadline - started), ROOT)
+        if args.tests != "none"
+        else {"status": "not run", "reason": "--tests none"},
         "cells": cells,
     }
     with tempfile.TemporaryDirectory() as tmp:
@@ -247,7 +206,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 run_dir = Path(tmp) / f"{number}-{index}"
                 run_cell(cell, args, run_dir)
                 vocab = run_dir / "vocab.tsv"
-                if vocab.is_file():
+                if cell["corpus"] not in record["settings"]["classes"] and vocab.is_file():
                     record["settings"]["classes"][cell["corpus"]] = len(vocab.read_text().splitlines()) - 1
             finish(record, args, started)
     for check in record["checks"]:

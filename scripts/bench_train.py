@@ -78,21 +78,19 @@ def base_overrides(args: argparse.Namespace, data: str | None) -> list[str]:
     return [*experiment, *data_overrides(data), *device, *threads, *args.override]
 
 
-def lmtrain_round(entry: str, args: argparse.Namespace, workdir: Path, index: int, data: str | None = None) -> float:
-    """One timed round of ``entry``: an output strategy, optionally with its own overrides after colons
-    (``uniform:++output.shared_negatives=false:++output.num_samples=1000``)."""
-    run_dir = workdir / f"{len(list(workdir.iterdir()))}-{index}"
-    train(compose_config(round_overrides(entry, args, run_dir, data)))
-    return training_throughput(run_dir, cell_steps(entry, data, args)[1])
-
-
 def round_overrides(
-    entry: str, args: argparse.Namespace, run_dir: Path, data: str | None, extra: Sequence[str] = ()
+    output: str,
+    own: Sequence[str],
+    steps: int,
+    interval: int,
+    args: argparse.Namespace,
+    run_dir: Path,
+    data: str | None,
+    extra: Sequence[str] = (),
 ) -> list[str]:
-    """The overrides of one timed round of ``entry`` on ``data`` (the ``extra`` ones added) writing to
-    ``run_dir``: training only, no validation, test, checkpoints or W&B."""
-    output, *own = entry.split(":")
-    steps, _, interval = cell_steps(entry, data, args)
+    """The overrides of one timed round of ``output`` with its ``own`` overrides (and the ``extra`` ones) on
+    ``data``: ``steps`` optimizer steps, metrics every ``interval``, training only (no validation, test,
+    checkpoints or W&B), writing to ``run_dir``."""
     return [
         *base_overrides(args, data),
         f"output={output}",
@@ -108,6 +106,17 @@ def round_overrides(
         f"run_dir={run_dir}",
         f"reuse_freed_memory={not args.default_malloc}",
     ]
+
+
+def lmtrain_round(entry: str, args: argparse.Namespace, workdir: Path, index: int, data: str | None = None) -> float:
+    """One timed round of ``entry``: an output strategy, optionally with its own overrides after colons
+    (``uniform:++output.shared_negatives=false:++output.num_samples=1000``)."""
+    output, *own = entry.split(":")
+    steps, warmup, interval = cell_steps(entry, data, args)
+    run_dir = workdir / f"{len(list(workdir.iterdir()))}-{index}"
+    cfg = compose_config(round_overrides(output, own, steps, interval, args, run_dir, data))
+    train(cfg)
+    return training_throughput(run_dir, warmup)
 
 
 def peak_memory_mib(device: str) -> float:

@@ -9,8 +9,10 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from omegaconf import OmegaConf
 
 from lmtrain.study.bench import render_bench
+from lmtrain.tools.provenance import junit_counts
 from lmtrain.tools.step_clock import clock_throughput
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,13 +68,25 @@ def test_cells_that_cannot_run_in_time_or_without_their_corpus_are_skipped_with_
     assert {c["verdict"] for c in record["checks"]} == {"n/a"}
 
 
-def test_the_cuda_tests_are_counted_from_pytests_junit_report(bench_gpu, tmp_path):
+def test_the_chunked_and_the_dense_full_softmax_are_measured_where_full_has_both(bench_gpu, monkeypatch):
+    args = bench_gpu.parse_args(["--device", "cpu", "--outputs", "full,rff shared=rff:++output.shared_negatives=true"])
+    assert bench_gpu.strategies(args) == {"full": "full", "rff shared": "rff:++output.shared_negatives=true"}
+    monkeypatch.setattr(bench_gpu, "compose_config", lambda _: OmegaConf.create({"output": {"train_chunk": None}}))
+    assert list(bench_gpu.strategies(args).items()) == [
+        ("full", "full"),
+        ("full chunked", "full:output.train_chunk=4096"),
+        ("full dense", "full:output.train_chunk=0"),
+        ("rff shared", "rff:++output.shared_negatives=true"),
+    ]
+
+
+def test_the_cuda_tests_are_counted_from_pytests_junit_report(tmp_path):
     report = tmp_path / "junit.xml"
     report.write_text(
         '<testsuites><testsuite name="pytest" errors="1" failures="2" skipped="3" tests="10" time="1.0">'
         "</testsuite></testsuites>"
     )
-    assert bench_gpu.junit_counts(report) == {"passed": 4, "failed": 2, "errors": 1, "skipped": 3}
+    assert junit_counts(report) == {"passed": 4, "failed": 2, "errors": 1, "skipped": 3}
 
 
 def test_the_clock_times_the_steps_after_the_warmup(tmp_path):
