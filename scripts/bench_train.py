@@ -28,6 +28,7 @@ and model included) or, with `--device cuda`, torch's peak allocated GPU memory.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import resource
 import statistics
@@ -35,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -76,28 +78,43 @@ def base_overrides(args: argparse.Namespace, data: str | None) -> list[str]:
     return [*experiment, *data_overrides(data), *device, *threads, *args.override]
 
 
+def round_overrides(
+    output: str,
+    own: Sequence[str],
+    steps: int,
+    interval: int,
+    args: argparse.Namespace,
+    run_dir: Path,
+    data: str | None,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """The overrides of one timed round of ``output`` with its ``own`` overrides (and the ``extra`` ones) on
+    ``data``: ``steps`` optimizer steps, metrics every ``interval``, training only (no validation, test,
+    checkpoints or W&B), writing to ``run_dir``."""
+    return [
+        *base_overrides(args, data),
+        f"output={output}",
+        *own,
+        *extra,
+        f"trainer.max_steps={steps}",
+        "trainer.limit_val_batches=0",
+        f"trainer.log_every_n_steps={interval}",
+        "test_after_fit=false",
+        "logger=csv",
+        "progress_bar=false",
+        "checkpoint_every_n_steps=1000000000",
+        f"run_dir={run_dir}",
+        f"reuse_freed_memory={not args.default_malloc}",
+    ]
+
+
 def lmtrain_round(entry: str, args: argparse.Namespace, workdir: Path, index: int, data: str | None = None) -> float:
     """One timed round of ``entry``: an output strategy, optionally with its own overrides after colons
     (``uniform:++output.shared_negatives=false:++output.num_samples=1000``)."""
     output, *own = entry.split(":")
     steps, warmup, interval = cell_steps(entry, data, args)
     run_dir = workdir / f"{len(list(workdir.iterdir()))}-{index}"
-    cfg = compose_config(
-        [
-            *base_overrides(args, data),
-            f"output={output}",
-            *own,
-            f"trainer.max_steps={steps}",
-            "trainer.limit_val_batches=0",
-            f"trainer.log_every_n_steps={interval}",
-            "test_after_fit=false",
-            "logger=csv",
-            "progress_bar=false",
-            "checkpoint_every_n_steps=1000000000",
-            f"run_dir={run_dir}",
-            f"reuse_freed_memory={not args.default_malloc}",
-        ]
-    )
+    cfg = compose_config(round_overrides(output, own, steps, interval, args, run_dir, data))
     train(cfg)
     return training_throughput(run_dir, warmup)
 
@@ -119,33 +136,47 @@ def isolated_round(entry: str, args: argparse.Namespace, workdir: Path, index: i
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def plain_round(args: argparse.Namespace, data: str | None = None) -> float:
-    """The hand-written full-softmax loop on the same data layout and model sizes."""
+def plain_round(args: argparse.Namespace, data: str | None = None, max_seconds: float | None = None) -> float:
+    """The hand-written full-softmax loop on the same data layout and model sizes, on ``args.device`` (else the
+    trainer's accelerator) and under autocast for ``trainer.precision=bf16-mixed``; ``max_seconds`` ends it early."""
     cfg = compose_config(base_overrides(args, data))
     dm = instantiate(cfg.data)
     dm.setup()
     n, m = dm.num_classes, cfg.model
+    device = torch.device(
+        args.device or ("cuda" if cfg.trainer.accelerator != "cpu" and torch.cuda.is_available() else "cpu")
+    )
     emb = torch.nn.Embedding(n, m.emb_dim)
     lstm = torch.nn.LSTM(m.emb_dim, m.hidden_dim, m.num_layers, batch_first=True, dropout=m.dropout)
     proj = torch.nn.Linear(m.hidden_dim, n)
     params = [*emb.parameters(), *lstm.parameters(), *proj.parameters()]
     for p in params:
         torch.nn.init.uniform_(p, -m.init_range, m.init_range)
+    emb, lstm, proj = emb.to(device), lstm.to(device), proj.to(device)  # in place: ``params`` follow
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")  # as lmtrain's runs set it
+    mixed = str(cfg.trainer.precision) == "bf16-mixed"
+    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if mixed else contextlib.nullcontext
+    wait = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)  # the clock reads an idle device
     opt = torch.optim.SGD(params, lr=cfg.optim.lr)
     state, tokens, start = None, 0, time.perf_counter()
     for step, (x, y) in enumerate(dm.train_dataloader()):  # data loading is timed, as it is in lmtrain's rate
-        if step >= args.steps:
+        if step >= args.steps or (max_seconds and step > args.warmup and time.perf_counter() - start > max_seconds):
             break
         if step == args.warmup:
+            wait()
             tokens, start = 0, time.perf_counter()
-        out, state = lstm(emb(x), state)
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with autocast():
+            out, state = lstm(emb(x), state)
+            loss = F.cross_entropy(proj(out).reshape(-1, n), y.reshape(-1)) * x.shape[1]
         state = tuple(s.detach() for s in state)
-        loss = F.cross_entropy(proj(out).reshape(-1, n), y.reshape(-1)) * x.shape[1]
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, cfg.optim.clip)
         opt.step()
         tokens += x.numel()
+    wait()
     return tokens / (time.perf_counter() - start)
 
 

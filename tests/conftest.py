@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 from omegaconf import DictConfig
 
 from lmtrain.config import compose_config
@@ -34,6 +35,19 @@ TINY = [
     "data.batch_size=16",
     "data.bptt=20",
 ]
+
+# a test parametrized over DEVICES runs on the CPU and, marked `cuda`, on a GPU; skipped where there is none
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``cuda`` are skipped without a CUDA GPU (``pytest -m cuda`` selects them)."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if item.get_closest_marker("cuda") is not None:
+            item.add_marker(skip)
 
 
 def make_config(overrides: list[str] | None = None) -> DictConfig:

@@ -6,10 +6,9 @@ import pytest
 import torch
 
 from lmtrain.sampler.kernel import KernelTree, RandomFourierFeatures
+from tests.conftest import DEVICES
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
 
 
 def built_tree() -> tuple[KernelTree, torch.Tensor]:

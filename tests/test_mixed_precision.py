@@ -13,11 +13,10 @@ from lmtrain.output.sampled.base import SampledOutput
 from lmtrain.sampler.kernel.sampler import KernelSampler
 from lmtrain.sampler.precision import autocast_on, float32_region, in_float32
 from lmtrain.tools.trained import load_model
-from tests.conftest import TINY, make_config
+from tests.conftest import DEVICES, TINY, make_config
 from tests.test_output_contract import DIM, NUM_CLASSES, OUTPUTS, build
 
 N = 48
-DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]  # CUDA's autocast too, where there is a GPU
 
 
 def bf16(device: str) -> torch.autocast:

@@ -6,7 +6,7 @@
     python -m lmtrain.study NAME --dry-run                print the commands of the pending runs
     python -m lmtrain.study list [--cells]                every study: cells, seeds per cell, runs recorded
                                                           (--cells: every declared cell with its seeds)
-    python -m lmtrain.study --bench docs/bench/X.json     render a bench_train record as docs/bench/X.md
+    python -m lmtrain.study --bench docs/bench/X.json     render a bench_train or bench_gpu record as docs/bench/X.md
     python -m lmtrain.study --docs                        refresh the tables quoted in docs/results.md
     python -m lmtrain.study --check                       exit 1 if a committed table differs from its rendering
 
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("name", nargs="?", help="a study name, `list`, or the path of a study YAML file")
     parser.add_argument("--render", action="store_true", help="only write table.md and plot.png from the records")
     parser.add_argument("--check", action="store_true", help="check every committed table against its records")
-    parser.add_argument("--bench", type=Path, nargs="*", help="render these bench_train JSON records (NAME.md)")
+    parser.add_argument("--bench", type=Path, nargs="*", help="render these bench_train or bench_gpu records (NAME.md)")
     parser.add_argument("--docs", action="store_true", help="refresh the study tables quoted in the --pages")
     parser.add_argument("--pages", type=Path, nargs="*", default=[Path("docs/results.md")], help="pages quoting tables")
     parser.add_argument("--dry-run", action="store_true", help="print the pending runs' commands, run nothing")

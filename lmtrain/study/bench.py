@@ -1,15 +1,20 @@
 """A throughput benchmark's record (``scripts/bench_train.py --json``) rendered as a table: tokens/s per strategy,
-the median of interleaved rounds, and the ratio to the full softmax measured in the same run."""
+the median of interleaved rounds, and the ratio to the full softmax measured in the same run. A GPU benchmark's
+record (``scripts/bench_gpu.py``) has its own layout (``lmtrain.study.gpu_bench``)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from lmtrain.study.gpu_bench import KIND, render_gpu
+
 
 def render_bench(path: Path) -> str:
-    """The markdown table of one bench_train JSON record (every corpus it measured)."""
+    """The markdown table of one bench_train JSON record (every corpus it measured), or of a bench_gpu record."""
     record = json.loads(path.read_text())
+    if record.get("kind") == KIND:
+        return render_gpu(path.name, record)
     isolated = ", each cell in its own process" if "child" in str(record.get("peak_memory", "")) else ""
     lines = [
         f"<!-- rendered by `python -m lmtrain.study --bench docs/bench/{path.name}` from that record: do not edit -->",

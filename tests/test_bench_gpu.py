@@ -1,0 +1,99 @@
+"""scripts/bench_gpu.py on its CPU smoke path (``--quick --device cpu``): every cell of the plan runs or is recorded
+with its reason, and the record, its goals and its rendered table have their shape. No timing is asserted."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from omegaconf import OmegaConf
+
+from lmtrain.study.bench import render_bench
+from lmtrain.tools.provenance import junit_counts
+from lmtrain.tools.step_clock import clock_throughput
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def bench_gpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> ModuleType:
+    """The script as a module (it imports scripts/bench_train.py beside it)."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    monkeypatch.setenv("LMTRAIN_CACHE_DIR", str(tmp_path / "cache"))
+    return importlib.import_module("bench_gpu")
+
+
+def test_the_quick_cpu_run_writes_every_cell_the_goals_and_the_table(bench_gpu, tmp_path, one_thread):
+    out = tmp_path / "gpu_smoke.json"
+    outputs = "full,rff,broken=rff:output.num_samples=0"  # a cell that fails: recorded, the others go on
+    record = bench_gpu.main(["--quick", "--device", "cpu", "--outputs", outputs, "--tests", "none", "--json", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(record))
+    assert record["kind"] == "bench_gpu" and record["quick"] and record["environment"]["device_type"] == "cpu"
+    assert record["settings"]["classes"] == {"synthetic:300": 300}
+    cells = {(c["precision"], c["strategy"]): c for c in record["cells"]}
+    assert set(cells) == {(p, s) for p in ("32-true", "bf16-mixed") for s in ("full", "rff", "broken", "plain loop")}
+    for (precision, strategy), cell in cells.items():
+        if strategy == "broken":
+            assert cell["status"] == "error" and "num_samples" in cell["reason"] and not cell["tokens_per_sec"]
+            continue
+        assert cell["status"] == "ok" and len(cell["tokens_per_sec"]) == 1 and cell["tokens_per_sec"][0] > 0
+        assert f"trainer.precision={precision}" in cell["overrides"]
+        if strategy != "plain loop":
+            assert cell["steps_timed"] == [4]  # 6 steps, 2 of warm-up
+            assert "+callbacks.clock.path=RUN_DIR/clock.json" in cell["overrides"]
+    goals = [(c["goal"], c["precision"]) for c in record["checks"]]
+    assert len(goals) == 6 and all(c["verdict"] in ("PASS", "FAIL") for c in record["checks"])
+    assert ("per-position rff / full >= 5", "bf16-mixed") in goals
+    table = out.with_suffix(".md").read_text()
+    assert table == render_bench(out)  # what `python -m lmtrain.study --check` compares
+    assert (
+        "| synthetic:300 (300 types): strategy | float32 tokens/s | x full | peak GiB | bf16-mixed tokens/s |" in table
+    )
+    assert "| full | " in table and "| plain loop | " in table and "| broken | error: " in table
+    assert "Smoke run" in table and "CUDA tests (`not run`): not run (--tests none)" in table
+
+
+def test_cells_that_cannot_run_in_time_or_without_their_corpus_are_skipped_with_the_reason(
+    bench_gpu, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("LMTRAIN_DATA_DIR", str(tmp_path / "no-data"))
+    args = ["--quick", "--device", "cpu", "--outputs", "full", "--corpora", "ptb,synthetic:300", "--tests", "none"]
+    record = bench_gpu.main([*args, "--minutes", "0.01", "--precisions", "32-true"])
+    reasons = {(c["corpus"], c["strategy"]): (c["status"], c["reason"]) for c in record["cells"]}
+    assert reasons[("ptb", "full")] == ("skipped", f"no {tmp_path}/no-data/ptb/train.txt: set LMTRAIN_DATA_DIR")
+    assert reasons[("synthetic:300", "plain loop")] == ("skipped", "time budget (--minutes 0.01)")
+    assert {c["verdict"] for c in record["checks"]} == {"n/a"}
+
+
+def test_the_chunked_and_the_dense_full_softmax_are_measured_where_full_has_both(bench_gpu, monkeypatch):
+    args = bench_gpu.parse_args(["--device", "cpu", "--outputs", "full,rff shared=rff:++output.shared_negatives=true"])
+    assert bench_gpu.strategies(args) == {"full": "full", "rff shared": "rff:++output.shared_negatives=true"}
+    monkeypatch.setattr(bench_gpu, "compose_config", lambda _: OmegaConf.create({"output": {"train_chunk": None}}))
+    assert list(bench_gpu.strategies(args).items()) == [
+        ("full", "full"),
+        ("full chunked", "full:output.train_chunk=4096"),
+        ("full dense", "full:output.train_chunk=0"),
+        ("rff shared", "rff:++output.shared_negatives=true"),
+    ]
+
+
+def test_the_cuda_tests_are_counted_from_pytests_junit_report(tmp_path):
+    report = tmp_path / "junit.xml"
+    report.write_text(
+        '<testsuites><testsuite name="pytest" errors="1" failures="2" skipped="3" tests="10" time="1.0">'
+        "</testsuite></testsuites>"
+    )
+    assert junit_counts(report) == {"passed": 4, "failed": 2, "errors": 1, "skipped": 3}
+
+
+def test_the_clock_times_the_steps_after_the_warmup(tmp_path):
+    clock = tmp_path / "clock.json"
+    clock.write_text(json.dumps({"warmup": 1, "seconds": [1.0, 2.0, 3.0, 5.0], "tokens": [10, 10, 10, 10]}))
+    assert clock_throughput(clock, 1) == (30 / 4.0, 3)  # steps 2-4: 30 tokens from t = 1 to t = 5
+    assert clock_throughput(clock, 3) == (30 / 4.0, 3)  # too few steps for 3 of warm-up: the first third, one
+    with pytest.raises(ValueError, match="at least 2"):
+        clock.write_text(json.dumps({"warmup": 1, "seconds": [1.0], "tokens": [10]}))
+        clock_throughput(clock, 1)
