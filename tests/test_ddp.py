@@ -59,7 +59,7 @@ def test_ddp_kernel_trees_stay_identical_on_every_rank(tmp_path):
         ],
         tmp_path,
     )
-    rank0, rank1 = (torch.load(trees / f"rank{r}.pt", weights_only=False) for r in (0, 1))
+    rank0, rank1 = (torch.load(trees / f"rank{r}.pt", weights_only=True) for r in (0, 1))
     assert rank0["trees"] and len(rank0["trees"]) == len(rank1["trees"])
     for a, b in zip(rank0["trees"], rank1["trees"], strict=True):
         assert a.abs().sum() > 0 and torch.equal(a, b)  # bitwise: same weights, same reduced sparse gradients
@@ -73,7 +73,7 @@ def test_ddp_kernel_trees_stay_identical_on_every_rank(tmp_path):
     encoder = build(cfg.model, Runtime(data.num_classes))
     output = build_output(cfg, data.num_classes, encoder.output_dim, data.counts)
     module = LanguageModel(encoder, output, OmegaConf.to_container(cfg.optim, resolve=True), cfg.loss_reduction)
-    module.load_state_dict(torch.load(tmp_path / "ddp" / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"])
+    module.load_state_dict(torch.load(tmp_path / "ddp" / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"])
     trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
     [alone] = trainer.validate(module, datamodule=data, verbose=False)

@@ -69,8 +69,8 @@ def test_sigkill_mid_epoch_then_resume_matches_the_uninterrupted_run(tmp_path):
     expected, resumed = run_info(straight)["metrics"], run_info(split)["metrics"]
     assert math.isfinite(expected["val/ppl"])
     assert abs(resumed["val/ppl"] - expected["val/ppl"]) <= 1e-6 * expected["val/ppl"]
-    a = torch.load(straight / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
-    b = torch.load(split / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+    a = torch.load(straight / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    b = torch.load(split / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
     for key in a:
         torch.testing.assert_close(b[key], a[key], rtol=1e-6, atol=1e-7, msg=key)
     killed, continued = sorted((split / "wandb").glob("offline-run-*"))  # offline-run-TIME-ID
@@ -112,7 +112,7 @@ def test_a_kill_during_checkpoint_writing_keeps_the_previous_checkpoint(tmp_path
         writer.stdout.close()
     [partial] = path.parent.glob(".last.ckpt.tmp-*")  # the interrupted write went to a temporary file ...
     with pytest.raises(Exception):  # noqa: B017 - whatever torch raises for a truncated file
-        torch.load(partial, weights_only=False)
+        torch.load(partial, weights_only=True)
     checkpoint = read_checkpoint(path)  # ... and the previous checkpoint is whole
     assert checkpoint["lmtrain"]["version"] == 1 and torch.equal(checkpoint["state_dict"]["w"], torch.ones(4))
     live = path.with_name(f".last.ckpt.tmp-{os.getppid()}")  # a live writer's (our parent's) file is left alone
