@@ -74,16 +74,17 @@ class RecordProgressBar(L.Callback):
 
 class SignalAtStep(L.Callback):
     """Sends this process ``signal`` (a name: SIGTERM, SIGINT, ...) when the batch after optimizer step ``step``
-    starts, so that it arrives while that step is under way; ``again``: a second one while checkpoints are written."""
+    starts, so that it arrives while that step is under way; ``again``: a second one while checkpoints are written;
+    ``rank``: only that rank's process gets it (under DDP; default: every rank's)."""
 
-    def __init__(self, step: int, signal: str = "SIGTERM", again: str | None = None) -> None:
-        self.step, self.signal, self.again = step, signal, again
+    def __init__(self, step: int, signal: str = "SIGTERM", again: str | None = None, rank: int | None = None) -> None:
+        self.step, self.signal, self.again, self.rank = step, signal, again, rank
 
     def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
         import os
         import signal
 
-        if trainer.global_step == self.step:
+        if trainer.global_step == self.step and self.rank in (None, trainer.global_rank):
             os.kill(os.getpid(), getattr(signal, self.signal))
 
     def on_save_checkpoint(self, trainer: L.Trainer, *args: Any) -> None:

@@ -95,3 +95,14 @@ def test_ddp_resume_mid_epoch_matches_the_uninterrupted_ddp_run(tmp_path):
     run_cli([*common, "ckpt_path=last", f"hydra.run.dir={tmp_path / 'split'}"], tmp_path)
     expected, resumed = run_info(tmp_path / "straight")["metrics"], run_info(tmp_path / "split")["metrics"]
     assert abs(resumed["val/ppl"] - expected["val/ppl"]) <= 1e-6 * expected["val/ppl"]
+
+    # a SIGTERM to rank 0 only during step 41: both ranks stop after it, rank 0 writes last.ckpt, exit 143
+    term = ["+callbacks.term._target_=tests.helpers.SignalAtStep", "+callbacks.term.step=40", "+callbacks.term.rank=0"]
+    stopped = run_cli([*common, *term, f"hydra.run.dir={tmp_path / 'stopped'}"], tmp_path, check=False)
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    assert "stopped by SIGTERM at step 41," in stopped.stdout + stopped.stderr
+    saved = read_checkpoint(tmp_path / "stopped" / "checkpoints" / "last.ckpt")
+    assert saved["global_step"] == 41 and saved["lmtrain"]["state"][0].shape[1] == 16  # both ranks' rows
+    run_cli([*common, "ckpt_path=last", f"hydra.run.dir={tmp_path / 'stopped'}"], tmp_path)
+    resumed = run_info(tmp_path / "stopped")["metrics"]
+    assert abs(resumed["val/ppl"] - expected["val/ppl"]) <= 1e-6 * expected["val/ppl"]
