@@ -48,7 +48,7 @@ class TrainingStopped(BaseException):
 
 def requeue_signals(trainer: L.Trainer) -> dict[int, Callable[[], str]]:
     """The cluster signals that stop the run and then requeue it, each with what requeues it (run after the write,
-    on rank 0; it returns a few words for the stop line)."""
+    on rank 0; it returns a line for the log)."""
     found: dict[int, Callable[[], str]] = {}
     environment = getattr(trainer._accelerator_connector, "cluster_environment", None)  # not public in Lightning
     if isinstance(environment, SLURMEnvironment) and environment.auto_requeue:
@@ -64,7 +64,10 @@ def scontrol_requeue() -> str:
     """Requeue this SLURM job (an array task by its array id), as Lightning's auto-requeue does."""
     array = os.environ.get("SLURM_ARRAY_JOB_ID")
     job = f"{array}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array else os.environ["SLURM_JOB_ID"]
-    result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+    try:
+        result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:  # no scontrol here, or no answer
+        return f"requeuing SLURM job {job} failed ({exc})"
     if result.returncode != 0:
         return f"requeuing SLURM job {job} failed ({(result.stderr or result.stdout).strip()})"
     return f"SLURM job {job} requeued: with ckpt_path=auto in its command it goes on from last.ckpt"
