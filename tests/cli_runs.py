@@ -135,7 +135,7 @@ def the(records: list[Any], kind: str) -> Any:
 
 def last_step(ckpt: Path) -> int:
     try:
-        return int(torch.load(ckpt, map_location="cpu", weights_only=False)["global_step"])
+        return int(torch.load(ckpt, map_location="cpu", weights_only=True)["global_step"])
     except Exception:  # not written yet
         return -1
 

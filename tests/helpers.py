@@ -70,3 +70,26 @@ class RecordProgressBar(L.Callback):
         bar = trainer.progress_bar_callback.train_progress_bar
         Path(self.path).write_text(json.dumps({"desc": bar.desc, "total": bar.total, "n": bar.n}))
         self.done = True
+
+
+class SignalAtStep(L.Callback):
+    """Sends this process ``signal`` (a name: SIGTERM, SIGINT, ...) when the batch after optimizer step ``step``
+    starts, so that it arrives while that step is under way; ``again``: a second one while checkpoints are written;
+    ``rank``: only that rank's process gets it (under DDP; default: every rank's)."""
+
+    def __init__(self, step: int, signal: str = "SIGTERM", again: str | None = None, rank: int | None = None) -> None:
+        self.step, self.signal, self.again, self.rank = step, signal, again, rank
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        import os
+        import signal
+
+        if trainer.global_step == self.step and self.rank in (None, trainer.global_rank):
+            os.kill(os.getpid(), getattr(signal, self.signal))
+
+    def on_save_checkpoint(self, trainer: L.Trainer, *args: Any) -> None:
+        import os
+        import signal
+
+        if self.again and trainer.global_step > self.step:
+            os.kill(os.getpid(), getattr(signal, self.again))

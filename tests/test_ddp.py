@@ -59,7 +59,7 @@ def test_ddp_kernel_trees_stay_identical_on_every_rank(tmp_path):
         ],
         tmp_path,
     )
-    rank0, rank1 = (torch.load(trees / f"rank{r}.pt", weights_only=False) for r in (0, 1))
+    rank0, rank1 = (torch.load(trees / f"rank{r}.pt", weights_only=True) for r in (0, 1))
     assert rank0["trees"] and len(rank0["trees"]) == len(rank1["trees"])
     for a, b in zip(rank0["trees"], rank1["trees"], strict=True):
         assert a.abs().sum() > 0 and torch.equal(a, b)  # bitwise: same weights, same reduced sparse gradients
@@ -73,7 +73,7 @@ def test_ddp_kernel_trees_stay_identical_on_every_rank(tmp_path):
     encoder = build(cfg.model, Runtime(data.num_classes))
     output = build_output(cfg, data.num_classes, encoder.output_dim, data.counts)
     module = LanguageModel(encoder, output, OmegaConf.to_container(cfg.optim, resolve=True), cfg.loss_reduction)
-    module.load_state_dict(torch.load(tmp_path / "ddp" / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"])
+    module.load_state_dict(torch.load(tmp_path / "ddp" / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"])
     trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
     [alone] = trainer.validate(module, datamodule=data, verbose=False)
@@ -94,4 +94,15 @@ def test_ddp_resume_mid_epoch_matches_the_uninterrupted_ddp_run(tmp_path):
     assert state[0].shape[1] == 16  # the rows of both ranks (data.batch_size)
     run_cli([*common, "ckpt_path=last", f"hydra.run.dir={tmp_path / 'split'}"], tmp_path)
     expected, resumed = run_info(tmp_path / "straight")["metrics"], run_info(tmp_path / "split")["metrics"]
+    assert abs(resumed["val/ppl"] - expected["val/ppl"]) <= 1e-6 * expected["val/ppl"]
+
+    # a SIGTERM to rank 0 only during step 41: both ranks stop after it, rank 0 writes last.ckpt, exit 143
+    term = ["+callbacks.term._target_=tests.helpers.SignalAtStep", "+callbacks.term.step=40", "+callbacks.term.rank=0"]
+    stopped = run_cli([*common, *term, f"hydra.run.dir={tmp_path / 'stopped'}"], tmp_path, check=False)
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    assert "stopped by SIGTERM at step 41," in stopped.stdout + stopped.stderr
+    saved = read_checkpoint(tmp_path / "stopped" / "checkpoints" / "last.ckpt")
+    assert saved["global_step"] == 41 and saved["lmtrain"]["state"][0].shape[1] == 16  # both ranks' rows
+    run_cli([*common, "ckpt_path=last", f"hydra.run.dir={tmp_path / 'stopped'}"], tmp_path)
+    resumed = run_info(tmp_path / "stopped")["metrics"]
     assert abs(resumed["val/ppl"] - expected["val/ppl"]) <= 1e-6 * expected["val/ppl"]

@@ -1,4 +1,4 @@
-"""Exact resume after a SIGKILL, and atomic checkpoint writes."""
+"""Exact resume after a SIGKILL or a SIGTERM, and atomic checkpoint writes."""
 
 from __future__ import annotations
 
@@ -69,12 +69,53 @@ def test_sigkill_mid_epoch_then_resume_matches_the_uninterrupted_run(tmp_path):
     expected, resumed = run_info(straight)["metrics"], run_info(split)["metrics"]
     assert math.isfinite(expected["val/ppl"])
     assert abs(resumed["val/ppl"] - expected["val/ppl"]) <= 1e-6 * expected["val/ppl"]
-    a = torch.load(straight / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
-    b = torch.load(split / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+    a = torch.load(straight / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    b = torch.load(split / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
     for key in a:
         torch.testing.assert_close(b[key], a[key], rtol=1e-6, atol=1e-7, msg=key)
     killed, continued = sorted((split / "wandb").glob("offline-run-*"))  # offline-run-TIME-ID
     assert the(wandb_records(continued), "run").run_id == killed.name.rsplit("-", 1)[1]  # the same W&B run
+
+
+@pytest.mark.slow  # three CLI runs, ~40 s; tests/test_stop.py stops runs in process (fast)
+def test_sigterm_mid_run_saves_the_step_and_resume_matches_the_uninterrupted_run(tmp_path):
+    """No periodic checkpoint but the one at each epoch's validation: the stop writes last.ckpt itself, at the step
+    it reached, closes the W&B run and exits 143; ckpt_path=last then ends as the uninterrupted run does."""
+    common = [*TINY, "output=uniform", "output.num_samples=8", "model.dropout=0.3", "optim=sgd", "optim.lr=0.5",
+              "loss_reduction=mean", "trainer.max_epochs=3", "checkpoint_every_n_steps=1000",
+              "test_after_fit=false"]  # fmt: skip
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    env = cli_env(tmp_path, WANDB_MODE="offline")
+    reference = subprocess.Popen(lmtrain(*common, "logger=csv", f"hydra.run.dir={straight}"), cwd=tmp_path, env=env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    victim = subprocess.Popen(lmtrain(*common, "logger=wandb", f"hydra.run.dir={split}"), cwd=tmp_path, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while last_step(split / "checkpoints" / "last.ckpt") < WINDOWS_PER_EPOCH:  # the first validation's
+            assert victim.poll() is None, f"the run ended before it could be stopped: {victim.stdout.read()[-3000:]}"
+            assert time.monotonic() < deadline, "no checkpoint appeared in time"
+            time.sleep(0.05)
+        victim.send_signal(signal.SIGTERM)
+        output, _ = victim.communicate(timeout=120)
+    finally:
+        victim.kill()
+    assert victim.returncode == 128 + signal.SIGTERM, output[-3000:]
+    step = read_checkpoint(split / "checkpoints" / "last.ckpt")["global_step"]
+    assert WINDOWS_PER_EPOCH < step < 3 * WINDOWS_PER_EPOCH  # the step reached, not the last validation's
+    [line] = [s for s in output.splitlines() if "stopped by SIGTERM" in s]
+    assert f"at step {step}," in line and line.endswith("hydra.run.dir=split ckpt_path=last")  # relative to the cwd
+    [stopped] = (split / "wandb").glob("offline-run-*")
+    assert the(wandb_records(stopped), "exit").exit_code == 143  # the W&B run was closed
+
+    run_cli([*common, "logger=wandb", "ckpt_path=last", f"hydra.run.dir={split}"], tmp_path, WANDB_MODE="offline")
+    assert reference.wait(timeout=400) == 0
+    expected, resumed = run_info(straight)["metrics"], run_info(split)["metrics"]
+    assert abs(resumed["val/ppl"] - expected["val/ppl"]) <= 1e-6 * expected["val/ppl"]
+    a = torch.load(straight / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    b = torch.load(split / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], rtol=1e-6, atol=1e-7, msg=key)
 
 
 KILLED_WRITER = """
@@ -112,7 +153,7 @@ def test_a_kill_during_checkpoint_writing_keeps_the_previous_checkpoint(tmp_path
         writer.stdout.close()
     [partial] = path.parent.glob(".last.ckpt.tmp-*")  # the interrupted write went to a temporary file ...
     with pytest.raises(Exception):  # noqa: B017 - whatever torch raises for a truncated file
-        torch.load(partial, weights_only=False)
+        torch.load(partial, weights_only=True)
     checkpoint = read_checkpoint(path)  # ... and the previous checkpoint is whole
     assert checkpoint["lmtrain"]["version"] == 1 and torch.equal(checkpoint["state_dict"]["w"], torch.ones(4))
     live = path.with_name(f".last.ckpt.tmp-{os.getppid()}")  # a live writer's (our parent's) file is left alone

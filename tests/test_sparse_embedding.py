@@ -55,7 +55,7 @@ def test_sparse_and_dense_embeddings_train_the_same_weights(tiny_config, tmp_pat
             f"model.sparse_embedding={sparse}", "trainer.max_steps=15", "test_after_fit=false", run_dir=run
         )
         train(cfg)
-        ckpt = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+        ckpt = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
         weights[sparse] = ckpt["state_dict"]
     assert weights["true"].keys() == weights["false"].keys()
     for name, value in weights["true"].items():

@@ -24,7 +24,7 @@ def csv_rows(path):
 
 
 def weights(run_dir):
-    return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
 
 
 def test_training_lowers_val_ppl_toward_the_entropy_bound(tiny_config, tmp_path):

@@ -1,8 +1,15 @@
-"""Checkpoint files: atomic writes, `ckpt_path=last` resolution, and readable errors for bad files."""
+"""Checkpoint files: atomic writes, safe reads, `ckpt_path=last` resolution, and readable errors for bad files.
+
+Every checkpoint is read with ``torch.load(weights_only=True)``: only tensors, numbers, strings and containers are
+rebuilt, so a file from elsewhere cannot run code when it is loaded. lmtrain's checkpoints, also those older versions
+wrote, hold nothing else, so no extra types are allowed.
+"""
 
 from __future__ import annotations
 
 import os
+import pickle
+import re
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +23,11 @@ class CheckpointError(ValueError):
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Writes to a temporary file in the same folder, then renames: a kill mid-write keeps the old file."""
+    """Writes to a temporary file in the same folder, then renames: a kill mid-write keeps the old file. Reads (a
+    resume, the test of the best checkpoint) go through ``load_safely``, whatever Lightning asks for."""
+
+    def load_checkpoint(self, path: str | Path, map_location: Any = None, weights_only: bool | None = None) -> Any:
+        return load_safely(Path(path), map_location)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
         path = Path(path)
@@ -48,15 +59,32 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def load_safely(path: Path, map_location: Any = "cpu") -> Any:
+    """``torch.load`` with ``weights_only=True``; a file that needs more, or is not readable, is a CheckpointError."""
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:  # refused before anything in the file was built
+        found = re.search(r"GLOBAL (\S+)", str(exc))
+        if found:  # an object other than tensors, numbers, strings and containers
+            message = (
+                f"ckpt_path {path} was refused: it holds {found.group(1)}, which a checkpoint of weights never does; "
+                "lmtrain loads checkpoints with torch.load(weights_only=True), so nothing in the file was run"
+            )
+        else:
+            detail = str(exc).partition("WeightsUnpickler error:")[2].strip().split("\n")[0] or "not a checkpoint"
+            message = f"ckpt_path {path} is not a readable lmtrain checkpoint ({detail})"
+        raise CheckpointError(message) from None
+    except Exception as exc:  # torch raises many types for truncated or foreign files
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        message = f"ckpt_path {path} is not a readable lmtrain checkpoint ({type(exc).__name__}: {reason})"
+        raise CheckpointError(message) from exc
+
+
 def read_checkpoint(path: Path) -> dict[str, Any]:
-    """Load a checkpoint on the CPU, turning any failure into a one-line CheckpointError."""
+    """Load a checkpoint on the CPU (``load_safely``), turning any failure into a one-line CheckpointError."""
     if not path.is_file():
         raise CheckpointError(f"ckpt_path {path} does not exist; pass ckpt_path=last or an existing .ckpt file")
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as exc:  # torch raises many types for truncated or foreign files
-        message = f"ckpt_path {path} is not a readable lmtrain checkpoint ({type(exc).__name__}: {exc})"
-        raise CheckpointError(message) from exc
+    checkpoint = load_safely(path)
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint or "lmtrain" not in checkpoint:
         raise CheckpointError(f"ckpt_path {path} is not an lmtrain checkpoint (no model state or run metadata)")
     return checkpoint

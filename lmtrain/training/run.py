@@ -20,9 +20,11 @@ from lmtrain.training.run_folder import (
     prepare_resume,
     resolve_ckpt,
     result_line,
+    resume_command,
     run_name,
     write_run_info,
 )
+from lmtrain.training.stop import TrainingStopped
 from lmtrain.training.trainer import build_callbacks, build_trainer, check_against_data, prepare_process
 
 log = logging.getLogger("lmtrain")
@@ -54,13 +56,20 @@ def train(cfg: DictConfig) -> dict[str, float]:
     Vocabulary(datamodule.vocab, datamodule.counts).save(run_dir)  # vocab.tsv: what generate and score read text with
     write_run_info(run_dir, name, output_choice, cfg, {}, entropy_rate=datamodule.entropy_rate)
     loggers = build_loggers(cfg, run_dir, name, resume_id, output_choice)
-    callbacks = build_callbacks(cfg, run_dir / "checkpoints")
+    callbacks = build_callbacks(cfg, run_dir / "checkpoints", resume_command(run_dir, overrides))
     trainer = build_trainer(cfg, loggers, callbacks, run_dir)
     module.wandb_id = next((lg.experiment.id for lg in loggers if hasattr(lg.experiment, "id")), None)
     # DDP re-seeds every process when it starts (Lightning's reset_seed): do the same in a single process, so that
     # both begin training from the same RNG state and draw the same shared negatives for the same global batch
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt) if ckpt else None)
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt) if ckpt else None, weights_only=True)
+    except TrainingStopped as stop:  # last.ckpt written, Lightning closed the loggers: end the W&B run, exit
+        offline_wandb = finish_wandb(exit_code=stop.status)
+        if offline_wandb is not None and trainer.is_global_zero:
+            print(f"lmtrain: W&B run saved offline; upload it with: wandb sync {offline_wandb}", flush=True)
+        # other ranks exit 0: Lightning's launcher kills every process when a child exits with another status
+        raise SystemExit(stop.status if trainer.is_global_zero else 0) from None
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
     best_checkpoint = callbacks[0]  # ModelCheckpoint on val/ppl
@@ -68,7 +77,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         metrics["val/ppl_best"] = float(best_checkpoint.best_model_score)
     if cfg.test_after_fit:
         best_path = best_checkpoint.best_model_path or None
-        tested = trainer.test(module, datamodule=datamodule, ckpt_path=best_path, verbose=False)
+        tested = trainer.test(module, datamodule=datamodule, ckpt_path=best_path, verbose=False, weights_only=True)
         metrics.update({k: float(v) for k, v in (tested[0] if tested else {}).items() if k not in ("epoch", "step")})
     if trainer.is_global_zero:  # one writer under DDP
         write_run_info(

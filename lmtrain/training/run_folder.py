@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import os
+import shlex
 import shutil
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,12 @@ def run_name(cfg: DictConfig, output_choice: str | None, overrides: list[str]) -
 
 
 def resolve_ckpt(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> Path | None:
-    if cfg.ckpt_path in (None, ""):
+    """The checkpoint a run resumes: none, ``last`` (``find_last``), ``auto`` (this folder's last.ckpt when there is
+    one, else a fresh start: a requeued job's command) or a file."""
+    own = run_dir / "checkpoints" / "last.ckpt"
+    if cfg.ckpt_path == "auto" and own.is_file():
+        return own
+    if cfg.ckpt_path in (None, "", "auto"):
         if (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").glob("*.ckpt")):
             raise CheckpointError(
                 f"run folder {run_dir} already holds checkpoints; pass ckpt_path=last to resume it, "
@@ -46,6 +52,17 @@ def resolve_ckpt(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> Path |
     if cfg.ckpt_path == "last":
         return find_last(run_dir, run_dir.parent.parent, overrides)
     return Path(str(cfg.ckpt_path)).expanduser().resolve()
+
+
+def resume_command(run_dir: Path, overrides: list[str]) -> str:
+    """The command that resumes this run in its folder from its last.ckpt."""
+    kept = [o for o in overrides if not o.lstrip("+").startswith(("ckpt_path=", "hydra.run.dir="))]
+    return shlex.join(["python", "-m", "lmtrain", *kept, f"hydra.run.dir={shown_path(run_dir)}", "ckpt_path=last"])
+
+
+def shown_path(path: Path) -> str:
+    """``path`` relative to the working directory when it lies below it."""
+    return os.path.relpath(path) if path.is_relative_to(Path.cwd()) else str(path)
 
 
 def write_run_info(
@@ -91,5 +108,4 @@ def result_line(metrics: dict[str, float], run_dir: Path) -> str:
     """'lmtrain: val ppl 227.52, test ppl 219.03 — outputs/2026-11-23/15-00-00': best validation, test, folder."""
     val, test = metrics.get("val/ppl_best", metrics.get("val/ppl")), metrics.get("test/ppl")
     parts = [f"{label} {value:.2f}" for label, value in (("val ppl", val), ("test ppl", test)) if value is not None]
-    shown = os.path.relpath(run_dir) if run_dir.is_relative_to(Path.cwd()) else str(run_dir)
-    return f"lmtrain: {', '.join(parts) or 'no validation or test'} — {shown}"
+    return f"lmtrain: {', '.join(parts) or 'no validation or test'} — {shown_path(run_dir)}"

@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 from lmtrain.training.callbacks import EpochSummary, ProgressBar, TrainingTimeLimit, ValidateAtEnd
 from lmtrain.training.checkpoints import AtomicCheckpointIO
 from lmtrain.training.memory import reuse_freed_memory
+from lmtrain.training.stop import GracefulStop
 from lmtrain.training.threads import apply_threads
 
 
@@ -28,9 +29,10 @@ def prepare_process(cfg: DictConfig) -> None:
         reuse_freed_memory()  # no page faults for each step's big buffers (lmtrain.training.memory)
 
 
-def build_callbacks(cfg: DictConfig, ckpt_dir: Path) -> list[L.Callback]:
+def build_callbacks(cfg: DictConfig, ckpt_dir: Path, resume: str) -> list[L.Callback]:
     """The best checkpoint by val/ppl first (``train`` reads it back), the periodic last.ckpt, lmtrain's callbacks
-    and the configured ones (``callbacks.NAME._target_``)."""
+    (a signal writes last.ckpt too; ``resume``: the command that resumes it) and the configured ones
+    (``callbacks.NAME._target_``)."""
     return [
         ModelCheckpoint(
             dirpath=ckpt_dir,
@@ -50,6 +52,7 @@ def build_callbacks(cfg: DictConfig, ckpt_dir: Path) -> list[L.Callback]:
         ),
         EpochSummary(),
         ValidateAtEnd(),
+        GracefulStop(ckpt_dir / "last.ckpt", resume),
         *([TrainingTimeLimit(cfg.max_train_seconds)] if cfg.get("max_train_seconds") else []),
         *([ProgressBar()] if cfg.progress_bar else []),
         *(instantiate(spec) for spec in (cfg.get("callbacks") or {}).values()),
