@@ -1,0 +1,97 @@
+"""Operators that launch work and host syncs of one training step, per strategy, vocabulary size and execution path.
+
+    python scripts/bench_launches.py --json docs/bench/launches.json
+    python scripts/bench_launches.py --sizes 10000 --outputs rff,unigram --execution gpu
+
+One ``lmtrain.training.step.train_step`` (forward, backward, clipping, the optimizer step and the after-step tree
+update) of the default model (2x200 LSTM) on a batch of 20 x 35 random tokens, m = 100 where a strategy samples,
+is counted with ``lmtrain.tools.launches.DispatchCounter`` after two warm-up steps, for every strategy at each
+vocabulary size (Zipf counts, no corpus) and under ``execution=cpu`` and ``execution=gpu`` (the GPU paths run on
+the CPU: the counts are the operators a GPU would launch). Counts are exact and machine-independent. The budgets
+of the GPU paths (the issue on GPU-speed sampling) are checked and printed: at most one host sync per step; kernel
+samplers at most 3x unigram's operators and the same count (within 5%) at every size; every other strategy at
+most 1.5x full's plus its sampler's own draw.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from lmtrain.tools.launches import count_train_step
+
+OUTPUTS = (
+    "full",
+    "uniform",
+    "unigram",
+    "bigram",
+    "exp",
+    "quadratic",
+    "quadratic:output.shared_negatives=true",
+    "rff",
+    "rff:output.shared_negatives=true",
+    "nce",
+    "negative",
+    "hsm",
+    "adaptive",
+)
+KERNEL = ("quadratic", "rff")
+
+
+def overrides(entry: str) -> list[str]:
+    """``rff:output.shared_negatives=true`` -> [output=rff, output.shared_negatives=true]."""
+    name, *extra = entry.split(":")
+    return [f"output={name}", *extra]
+
+
+def budgets(rows: list[dict]) -> list[str]:
+    """The GPU paths' budgets, one line each: PASS or FAIL and the numbers."""
+    gpu = {(r["output"], r["n"]): r for r in rows if r["execution"] == "gpu"}
+    lines = []
+    for (output, n), row in sorted(gpu.items()):
+        verdict = "PASS" if row["syncs"] <= 1 else "FAIL"
+        lines.append(f"{verdict} syncs <= 1: {output} at n = {n}: {row['syncs']}")
+    for output in {o for o, _ in gpu if o.split(":")[0] in KERNEL}:
+        counts = {n: row["launches"] for (o, n), row in gpu.items() if o == output}
+        for n, count in sorted(counts.items()):
+            unigram = gpu.get(("unigram", n))
+            if unigram:
+                verdict = "PASS" if count <= 3 * unigram["launches"] else "FAIL"
+                lines.append(f"{verdict} <= 3x unigram: {output} at n = {n}: {count} vs {unigram['launches']}")
+        spread = (max(counts.values()) - min(counts.values())) / min(counts.values())
+        verdict = "PASS" if spread <= 0.05 else "FAIL"
+        lines.append(f"{verdict} same count at every n (5%): {output}: {sorted(counts.items())} ({spread:.1%})")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--outputs", default=",".join(OUTPUTS), help="strategies, comma-separated (name:override)")
+    parser.add_argument("--sizes", default="10000,100000,1000000", help="vocabulary sizes, comma-separated")
+    parser.add_argument("--execution", default="cpu,gpu", help="execution paths, comma-separated")
+    parser.add_argument("--override", action="append", default=[], help="extra config overrides for every cell")
+    parser.add_argument("--json", type=Path, help="write the record here")
+    args = parser.parse_args(argv)
+    rows = []
+    print(f"{'output':<42} {'n':>9} {'execution':>9} {'launches':>9} {'syncs':>6}  sync operators")
+    for n in (int(float(s)) for s in args.sizes.split(",")):
+        for entry in args.outputs.split(","):
+            for execution in args.execution.split(","):
+                counts = count_train_step([*overrides(entry), f"execution={execution}", *args.override], n)
+                row = {"output": entry, "n": n, "execution": execution, **counts.as_dict()}
+                rows.append(row)
+                syncs = ", ".join(f"{k} {v}" for k, v in counts.sync_ops.items())
+                print(f"{entry:<42} {n:>9} {execution:>9} {counts.launches:>9} {counts.syncs:>6}  {syncs}", flush=True)
+    checks = budgets(rows)
+    print("\n".join(checks))
+    if args.json:
+        command = "python scripts/bench_launches.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        record = {"command": command.strip(), "batch": [20, 35], "rows": rows, "budgets": checks}
+        args.json.write_text(json.dumps(record, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
