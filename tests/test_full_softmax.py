@@ -130,7 +130,7 @@ def test_the_default_is_dense_for_small_logits_and_chunked_for_large():
     assert layer.loss_chunk(700) >= 10_000
     big = FullSoftmax(num_classes=1, dim=8)
     big.num_classes = 1_000_000  # the rule only reads the size
-    assert big.loss_chunk(700) == 128 * 2**20 // (4 * 700)  # 47,935 classes, 21 chunks
+    assert big.loss_chunk(700) == 128 * 2**20 // (4 * 700)  # 47,934 classes, 21 chunks
     big.logits_mib = 4096.0
     assert big.loss_chunk(700) >= 1_000_000  # a bigger budget: dense again
     big.train_chunk = 0
