@@ -23,6 +23,10 @@ and model included) or, with `--device cuda`, torch's peak allocated GPU memory.
 
     LMTRAIN_DATA_DIR=../shared/data python scripts/bench_train.py --experiment none --isolate --threads 1 \
         --data ptb,zipf:1000000 --outputs full,rff,rff:++output.shared_negatives=true --steps-for full@1000000=3
+
+Each cell also reports its step time (ms/step, from the median tokens/s) and the train/loss of its last round's
+steps. The full softmax's chunked and dense training paths side by side: `--outputs full,full:output.train_chunk=0`
+(at 10^5 and 10^6 the default is chunked; `train_chunk=0` forces the (N, n) logits).
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ import torch.nn.functional as F
 from hydra.utils import instantiate
 
 from lmtrain.config import compose_config
-from lmtrain.tools.results import training_throughput
+from lmtrain.tools.results import read_metrics, training_throughput
 from lmtrain.training.memory import reuse_freed_memory
 from lmtrain.training.run import train
 
@@ -108,15 +112,19 @@ def round_overrides(
     ]
 
 
-def lmtrain_round(entry: str, args: argparse.Namespace, workdir: Path, index: int, data: str | None = None) -> float:
+def lmtrain_round(
+    entry: str, args: argparse.Namespace, workdir: Path, index: int, data: str | None = None
+) -> tuple[float, list[float]]:
     """One timed round of ``entry``: an output strategy, optionally with its own overrides after colons
-    (``uniform:++output.shared_negatives=false:++output.num_samples=1000``)."""
+    (``uniform:++output.shared_negatives=false:++output.num_samples=1000``). Returns its tokens/s and the
+    ``train/loss`` of every step."""
     output, *own = entry.split(":")
     steps, warmup, interval = cell_steps(entry, data, args)
     run_dir = workdir / f"{len(list(workdir.iterdir()))}-{index}"
     cfg = compose_config(round_overrides(output, own, steps, interval, args, run_dir, data))
     train(cfg)
-    return training_throughput(run_dir, warmup)
+    losses = [value for _, _, value in read_metrics(run_dir / "metrics.csv")["train/loss"]]
+    return training_throughput(run_dir, warmup), losses
 
 
 def peak_memory_mib(device: str) -> float:
@@ -225,27 +233,29 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_flush_denormal(True)  # as lmtrain.training.run.train does, so the reference is not slowed by subnormals
     if args.cell is not None:  # a child of --isolate: one round, one JSON line
         cell = json.loads(args.cell)
-        rate = lmtrain_round(cell["entry"], args, Path(cell["workdir"]), cell["index"], cell["data"])
-        print(json.dumps({"tokens_per_sec": rate, "peak_mib": peak_memory_mib(args.device or "cpu")}))
+        rate, losses = lmtrain_round(cell["entry"], args, Path(cell["workdir"]), cell["index"], cell["data"])
+        print(json.dumps({"tokens_per_sec": rate, "peak_mib": peak_memory_mib(args.device or "cpu"), "loss": losses}))
         return {}
     outputs = [o for o in args.outputs.split(",") if o]
     corpora: list[str | None] = [d for d in args.data.split(",") if d] if args.data else [None]
     samples: dict[str, dict[str, list[float]]] = {str(d): {o: [] for o in outputs} for d in corpora}
     peaks: dict[str, dict[str, float]] = {str(d): {} for d in corpora}
+    losses: dict[str, dict[str, list[float]]] = {str(d): {} for d in corpora}  # each cell's last round
     with tempfile.TemporaryDirectory() as tmp:
         for index in range(args.rounds):
             for data in corpora:
                 for output in outputs:
                     if args.isolate:
                         got = isolated_round(output, args, Path(tmp), index, data)
-                        samples[str(data)][output].append(got["tokens_per_sec"])
+                        rate, losses[str(data)][output] = got["tokens_per_sec"], got["loss"]
                         peaks[str(data)][output] = max(peaks[str(data)].get(output, 0.0), got["peak_mib"])
                     else:
-                        samples[str(data)][output].append(lmtrain_round(output, args, Path(tmp), index, data))
+                        rate, losses[str(data)][output] = lmtrain_round(output, args, Path(tmp), index, data)
+                    samples[str(data)][output].append(rate)
                     print(f"round {index} {data} {output}: {samples[str(data)][output][-1]:,.0f} tokens/s", flush=True)
                 if not args.no_plain:
                     samples[str(data)].setdefault("plain_full", []).append(plain_round(args, data))
-    tables = {data: table(cells, peaks[data]) for data, cells in samples.items()}
+    tables = {data: table(cells, peaks[data], losses[data], step_tokens(args, data)) for data, cells in samples.items()}
     result = {
         "experiment": args.experiment,
         "steps": args.steps,
@@ -260,11 +270,12 @@ def main(argv: list[str] | None = None) -> dict:
     for data, found in tables.items():
         median = found["tokens_per_sec"]
         width = max(12, *(len(key) for key in median))
-        print(f"data {data}\n{'output':<{width}} {'tokens/s':>10} {'x full':>8} {'peak MiB':>9}")
+        print(f"data {data}\n{'output':<{width}} {'tokens/s':>10} {'ms/step':>9} {'x full':>8} {'peak MiB':>9}")
         for key, value in median.items():
             ratio = found["ratio_to_full"].get(key)
             peak = found["peak_mib"].get(key)
-            cols = f"{key:<{width}} {value:>10,.0f} " + (f"{ratio:>8.2f}" if ratio else " " * 8)
+            cols = f"{key:<{width}} {value:>10,.0f} {found['ms_per_step'][key]:>9,.1f} "
+            cols += f"{ratio:>8.2f}" if ratio else " " * 8
             print(cols + (f" {peak:>9,.0f}" if peak else ""))
         if found["lmtrain_full_over_plain"]:
             print(f"lmtrain full / plain PyTorch loop: {found['lmtrain_full_over_plain']:.3f}")
@@ -273,16 +284,24 @@ def main(argv: list[str] | None = None) -> dict:
     return result
 
 
-def table(samples: dict[str, list[float]], peaks: dict[str, float]) -> dict:
-    """Medians, ratios to full and peak memory of one corpus's cells."""
+def step_tokens(args: argparse.Namespace, data: str) -> int:
+    """Tokens in one training window (batch x bptt) of the corpus ``data`` (a key of the tables)."""
+    cfg = compose_config(base_overrides(args, None if data == "None" else data))
+    return int(cfg.data.batch_size * cfg.data.bptt)
+
+
+def table(samples: dict[str, list[float]], peaks: dict[str, float], losses: dict, tokens: int) -> dict:
+    """Medians, step times, ratios to full, peak memory and the last round's losses of one corpus's cells."""
     median = {k: statistics.median(v) for k, v in samples.items() if v}
     full, plain = median.get("full"), median.get("plain_full")
     return {
         "tokens_per_sec": median,
+        "ms_per_step": {k: 1000 * tokens / v for k, v in median.items()},
         "samples": samples,
         "ratio_to_full": {k: v / full for k, v in median.items()} if full else {},
         "lmtrain_full_over_plain": full / plain if full and plain else None,
         "peak_mib": peaks,
+        "train_loss": losses,
     }
 
 

@@ -1,7 +1,17 @@
+"""The full softmax: exact log-probabilities, and the chunked training loss equal to the dense one."""
+
+from __future__ import annotations
+
+import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from lmtrain.config import ConfigError, preflight
+from lmtrain.model import LSTMEncoder
 from lmtrain.output import FullSoftmax
+from lmtrain.training.step import window_loss
+from tests.conftest import make_config
 
 
 def test_log_prob_matches_direct_log_softmax_and_is_chunk_invariant():
@@ -14,3 +24,123 @@ def test_log_prob_matches_direct_log_softmax_and_is_chunk_invariant():
     out.eval_chunk = 5  # 8 chunks, the last one partial
     torch.testing.assert_close(out.log_prob(hidden, target), direct)
     torch.testing.assert_close(out.loss(hidden, target), -direct.mean())
+
+
+def loss_and_grads(out: FullSoftmax, hidden: torch.Tensor, target: torch.Tensor, scale: float = 1.0):
+    """The loss (times ``scale``) and the gradients of hidden, weight and bias."""
+    out.zero_grad()
+    hidden = hidden.detach().clone().requires_grad_(True)
+    loss = out.loss(hidden, target) * scale
+    loss.backward()
+    return loss.detach(), hidden.grad, out.weight.grad, out.bias.grad
+
+
+def layer_pair(dtype: torch.dtype, num_classes: int = 37, dim: int = 8) -> tuple[FullSoftmax, FullSoftmax]:
+    """A dense layer and a chunked copy of it (5 classes per chunk: 37 is not a multiple)."""
+    torch.manual_seed(0)
+    dense = FullSoftmax(num_classes=num_classes, dim=dim, init_range=2.0, train_chunk=0).to(dtype)
+    torch.nn.init.normal_(dense.bias, std=3.0)  # peaked, varied rows: a wrong normalization shows
+    chunked = FullSoftmax(num_classes=num_classes, dim=dim, train_chunk=5).to(dtype)
+    chunked.load_state_dict(dense.state_dict())
+    return dense, chunked
+
+
+@pytest.mark.parametrize(("dtype", "rtol"), [(torch.float64, 1e-10), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("scale", [1.0, 35.0])  # loss_reduction mean, and sum (the caller's x T)
+def test_chunked_loss_and_gradients_equal_the_dense_path(dtype, rtol, scale):
+    dense, chunked = layer_pair(dtype)
+    hidden = torch.randn(23, 8, dtype=dtype)
+    target = torch.tensor([3, 3, 3, 36, 0, 4, 5, 35, 36, 3] + [7] * 13)  # repeats; first, last and chunk-edge ids
+    for want, got in zip(
+        loss_and_grads(dense, hidden, target, scale), loss_and_grads(chunked, hidden, target, scale), strict=True
+    ):
+        assert got.dtype == want.dtype and not got.is_sparse
+        torch.testing.assert_close(got, want, rtol=rtol, atol=rtol * want.abs().max().item())
+    assert chunked.sparse_parameters() == []  # dense SGD on the class matrix, as before
+
+
+def test_only_the_hidden_states_need_a_gradient():
+    dense, chunked = layer_pair(torch.float64)
+    for layer in (dense, chunked):
+        layer.requires_grad_(False)
+    hidden, target = torch.randn(9, 8, dtype=torch.float64), torch.randint(0, 37, (9,))
+    torch.testing.assert_close(loss_and_grads(chunked, hidden, target)[1], loss_and_grads(dense, hidden, target)[1])
+
+
+@pytest.mark.parametrize("loss_reduction", ["mean", "sum"])
+def test_a_window_through_the_encoder_trains_the_same_with_either_path(loss_reduction):
+    dense, chunked = layer_pair(torch.float32, num_classes=50, dim=12)
+    torch.manual_seed(1)
+    encoder = LSTMEncoder(50, emb_dim=6, hidden_dim=12, num_layers=1)
+    batch = torch.randint(0, 50, (4, 5)), torch.randint(0, 50, (4, 5))
+    grads = []
+    for layer in (dense, chunked):
+        encoder.zero_grad()
+        window = window_loss(encoder, layer, batch, None, loss_reduction)
+        window.objective.backward()
+        grads.append((window.objective.detach(), *(p.grad for p in (*encoder.parameters(), *layer.parameters()))))
+    for want, got in zip(*grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_bf16_autocast_on_cpu_runs_and_stays_close_to_dense():
+    dense, chunked = layer_pair(torch.float32, num_classes=300, dim=16)
+    chunked.train_chunk = 64
+    hidden, target = torch.randn(40, 16), torch.randint(0, 300, (40,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want, got = loss_and_grads(dense, hidden, target), loss_and_grads(chunked, hidden, target)
+    for w, g in zip(want, got, strict=True):
+        assert g.dtype == w.dtype and torch.isfinite(g).all()
+        assert (g - w).norm() <= 0.02 * w.norm()  # bf16 products on both paths
+
+
+class ShapeLog(TorchDispatchMode):
+    """Every operator's name and the largest element count among its outputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[tuple[str, int]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        outs = result if isinstance(result, (tuple, list)) else (result,)
+        self.ops.append((str(func), max((t.numel() for t in outs if isinstance(t, torch.Tensor)), default=0)))
+        return result
+
+
+def logged_step(num_positions: int, num_classes: int = 1000, chunk: int = 64) -> ShapeLog:
+    layer = FullSoftmax(num_classes=num_classes, dim=8, train_chunk=chunk)
+    hidden = torch.randn(num_positions, 8, requires_grad=True)
+    target = torch.randint(0, num_classes, (num_positions,))
+    with ShapeLog() as log:
+        layer.loss(hidden, target).backward()
+    return log
+
+
+def test_the_chunked_path_never_builds_the_logit_matrix_and_its_ops_do_not_grow_with_n_positions():
+    log = logged_step(50)
+    largest = max(size for _, size in log.ops)
+    assert largest <= max(50 * 64, 1000 * 8)  # a chunk's logits or the weight gradient, never (N, n) = 50,000
+    assert [op for op, _ in logged_step(7).ops] == [op for op, _ in log.ops]  # no loop over positions
+    assert not any("nonzero" in op or "unique" in op or "item" in op for op, _ in log.ops)  # no host syncs
+
+
+def test_the_default_is_dense_for_small_logits_and_chunked_for_large():
+    layer = FullSoftmax(num_classes=10_000, dim=8)  # PTB's vocabulary, batch 20 x 35: 27 MiB of logits
+    assert layer.loss_chunk(700) >= 10_000
+    big = FullSoftmax(num_classes=1, dim=8)
+    big.num_classes = 1_000_000  # the rule only reads the size
+    assert big.loss_chunk(700) == 128 * 2**20 // (4 * 700)  # 47,934 classes, 21 chunks
+    big.logits_mib = 4096.0
+    assert big.loss_chunk(700) >= 1_000_000  # a bigger budget: dense again
+    big.train_chunk = 0
+    assert big.loss_chunk(10**6) >= 1_000_000  # 0: always dense
+    big.train_chunk = 1000
+    assert big.loss_chunk(1) == 1000
+
+
+def test_the_config_carries_the_rule_and_refuses_a_negative_chunk():
+    output = make_config(["output=full"]).output
+    assert output.train_chunk is None and output.logits_mib == 128
+    with pytest.raises(ConfigError, match=r"output\.train_chunk must be >= 0"):
+        preflight(["output=full", "output.train_chunk=-1"])

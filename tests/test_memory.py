@@ -52,3 +52,17 @@ def test_freed_buffers_are_reused_without_page_faults():
     default, applied = page_faults("default"), page_faults("apply")
     assert default > 5_000, default
     assert applied < default / 20, (applied, default)
+
+
+def test_the_checkpoint_finiteness_check_reads_blocks_and_finds_any_bad_entry():
+    import torch
+
+    from lmtrain.training.module import all_finite
+
+    param = torch.zeros(7, 5)
+    assert all_finite(param, block=4) and all_finite(torch.zeros(0, 5), block=4)
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        for index in (0, 17, 34):  # first block, a middle one, the last partial one
+            param.view(-1)[index] = bad
+            assert not all_finite(param, block=4)
+            param.view(-1)[index] = 0.0

@@ -21,6 +21,10 @@ class FullConfig:
     _target_: str = "lmtrain.output.FullSoftmax"
     init_range: float = field(default=0.1, metadata={"above": 0})
     eval_chunk: int = field(default=65536, metadata={"at_least": 1})
+    # training loss: dense (N, n) logits when they fit in logits_mib MiB (float32), else vocabulary chunks of the
+    # most classes whose (N, chunk) logits fit; train_chunk fixes the chunk (0: always dense)
+    train_chunk: int | None = field(default=None, metadata={"at_least": 0})
+    logits_mib: float = field(default=128.0, metadata={"above": 0})
     bias_init: str = field(default="zero", metadata=BIAS_INIT)
 
 

@@ -9,13 +9,17 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmtrain.output.base import OutputLayer, initial_bias
+from lmtrain.output.chunked_softmax import chunked_softmax_nll
 from lmtrain.output.logsumexp import chunked_logsumexp
 
 
 class FullSoftmax(OutputLayer):
     """Softmax cross-entropy over all classes; training loss and exact log-prob are the same model.
 
-    ``log_prob`` normalizes in vocabulary chunks of ``eval_chunk`` classes so that n = 10^6 fits.
+    ``log_prob`` normalizes in vocabulary chunks of ``eval_chunk`` classes so that n = 10^6 fits. ``loss`` builds
+    the (N, n) logits (dense) when they take at most ``logits_mib`` MiB in float32, and otherwise trains through
+    ``chunked_softmax_nll`` in vocabulary chunks of the most classes whose (N, chunk) logits fit in ``logits_mib``;
+    ``train_chunk`` fixes the chunk instead (0: always dense; a chunk >= n is dense too). Both are exact.
     ``bias_init`` is ``zero`` or ``log_unigram`` (the biases start at the log training unigram, ``counts``).
     """
 
@@ -29,12 +33,15 @@ class FullSoftmax(OutputLayer):
         dim: int,
         init_range: float = 0.1,
         eval_chunk: int = 65536,
+        train_chunk: int | None = None,
+        logits_mib: float = 128.0,
         bias_init: Literal["zero", "log_unigram"] = "zero",
         counts: Tensor | None = None,
     ) -> None:
         super().__init__()
         self.num_classes, self.dim = num_classes, dim
         self.eval_chunk = eval_chunk
+        self.train_chunk, self.logits_mib = train_chunk, logits_mib
         self.weight = nn.Parameter(torch.empty(num_classes, dim))
         self.bias = nn.Parameter(initial_bias(bias_init, num_classes, counts))
         nn.init.uniform_(self.weight, -init_range, init_range)
@@ -44,7 +51,17 @@ class FullSoftmax(OutputLayer):
         return F.linear(hidden, self.weight, self.bias)
 
     def loss(self, hidden: Tensor, target: Tensor, inputs: Tensor | None = None) -> Tensor:
-        return F.cross_entropy(self.logits(hidden), target)
+        chunk = self.loss_chunk(hidden.shape[0])
+        if chunk >= self.num_classes:
+            return F.cross_entropy(self.logits(hidden), target)
+        return chunked_softmax_nll(hidden, self.weight, self.bias, target, chunk).mean()
+
+    def loss_chunk(self, num_positions: int) -> int:
+        """Classes per vocabulary chunk of the training loss for ``num_positions`` rows; >= n means dense."""
+        if self.train_chunk is not None:
+            return self.train_chunk or self.num_classes
+        fits = int(self.logits_mib * 2**20) // (4 * max(num_positions, 1))  # classes whose float32 logits fit
+        return max(fits, 1)
 
     def log_prob(self, hidden: Tensor, target: Tensor) -> Tensor:
         target_logit = (hidden * self.weight[target]).sum(1) + self.bias[target]  # (N,)

@@ -1,0 +1,96 @@
+"""Exact softmax cross-entropy over a large vocabulary without the (N, n) logit matrix.
+
+The forward pass walks the vocabulary in chunks of ``chunk`` classes and carries a running log-sum-exp per row;
+it keeps only the inputs, the rows' log-normalizers (N,) and the target ids. The backward pass recomputes each
+chunk's logits, turns them into that chunk's softmax - one-hot (scaled by the incoming gradient) and from it adds
+the chunk's share of the hidden-state gradient and writes the chunk's rows of the weight and bias gradients. Peak
+extra memory is a few (N, chunk) blocks instead of several (N, n) ones; the arithmetic is the dense path's.
+
+Under autocast the logits are computed in the autocast dtype (as ``F.linear`` would compute the dense logits) and
+everything after them (log-sum-exp, softmax, gradient accumulation) in float32 or wider.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from lmtrain.sampler.precision import float32_region
+
+
+def product_dtype(hidden: Tensor) -> torch.dtype:
+    """The dtype the logits are computed in: autocast's for the hidden's device when it is on, else the hidden's."""
+    device = hidden.device.type
+    if device in ("cpu", "cuda") and torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return hidden.dtype
+
+
+class _ChunkedSoftmaxNLL(torch.autograd.Function):
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx, hidden: Tensor, weight: Tensor, bias: Tensor, target: Tensor, chunk: int
+    ) -> Tensor:
+        dtype = product_dtype(hidden)
+        acc = torch.promote_types(dtype, torch.float32)  # log-sum-exp and gradients: at least float32
+        num_classes = weight.shape[0]
+        with float32_region():  # autocast off: the casts below are explicit
+            h = hidden.to(dtype)
+            log_z = hidden.new_full((hidden.shape[0],), float("-inf"), dtype=acc)  # (N,)
+            target_logit = hidden.new_zeros(hidden.shape[0], dtype=acc)  # (N,)
+            for start in range(0, num_classes, chunk):
+                end = min(start + chunk, num_classes)
+                logits = F.linear(h, weight[start:end].to(dtype), bias[start:end].to(dtype)).to(acc)  # (N, c)
+                log_z = torch.logaddexp(log_z, torch.logsumexp(logits, dim=1))
+                local, inside = local_targets(target, start, end)
+                picked = logits.gather(1, local[:, None])[:, 0]  # (N,)
+                target_logit = torch.where(inside, picked, target_logit)
+        ctx.save_for_backward(hidden, weight, bias, target, log_z)
+        ctx.chunk, ctx.dtype = chunk, dtype
+        return log_z - target_logit  # (N,) per-row negative log-likelihood
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_nll: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None, None, None]:  # type: ignore[override]
+        hidden, weight, bias, target, log_z = ctx.saved_tensors
+        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
+        dtype, num_classes = ctx.dtype, weight.shape[0]
+        acc = log_z.dtype
+        grad_nll = grad_nll.to(acc)
+        grad_hidden = torch.zeros_like(hidden, dtype=acc) if need_hidden else None  # (N, d)
+        grad_weight = torch.empty_like(weight) if need_weight else None  # (n, d)
+        grad_bias = torch.empty_like(bias) if need_bias else None  # (n,)
+        with float32_region():
+            h = hidden.to(dtype)
+            for start in range(0, num_classes, ctx.chunk):
+                end = min(start + ctx.chunk, num_classes)
+                w = weight[start:end].to(dtype)  # (c, d)
+                logits = F.linear(h, w, bias[start:end].to(dtype)).to(acc)  # (N, c)
+                # d nll / d logits = (softmax - onehot) * grad, built in place in the logits' buffer
+                grad_logits = logits.sub_(log_z[:, None]).exp_().mul_(grad_nll[:, None])  # (N, c)
+                local, inside = local_targets(target, start, end)
+                grad_logits.scatter_add_(1, local[:, None], (-grad_nll * inside)[:, None])
+                if grad_bias is not None:
+                    grad_bias[start:end] = grad_logits.sum(0)
+                grad_logits = grad_logits.to(dtype)  # the products in the logits' dtype, as the dense path's
+                if grad_hidden is not None:
+                    grad_hidden.add_(grad_logits @ w)  # (N, d)
+                if grad_weight is not None:
+                    grad_weight[start:end] = grad_logits.T @ h  # (c, d)
+        grad_hidden = grad_hidden.to(hidden.dtype) if grad_hidden is not None else None
+        return grad_hidden, grad_weight, grad_bias, None, None
+
+
+def local_targets(target: Tensor, start: int, end: int) -> tuple[Tensor, Tensor]:
+    """Targets as column indices of the chunk [start, end) (clamped into it) and whether each lies in it: (N,), (N,).
+    Fixed shapes and no host sync, so the loop costs the same launches for any batch."""
+    inside = (target >= start) & (target < end)
+    return (target - start).clamp_(0, end - start - 1), inside
+
+
+def chunked_softmax_nll(hidden: Tensor, weight: Tensor, bias: Tensor, target: Tensor, chunk: int) -> Tensor:
+    """(N, d), (n, d), (n,), (N,) -> (N,) exact -log softmax(hidden W^T + b)[target], vocabulary chunks of ``chunk``."""
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    return _ChunkedSoftmaxNLL.apply(hidden, weight, bias, target, chunk)
