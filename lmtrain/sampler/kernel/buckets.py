@@ -34,13 +34,14 @@ class BucketScorer:
         done = torch.zeros(self.store.num_buckets, dtype=torch.bool, device=psi.device)
         return BucketScores(psi.new_empty(self.store.num_buckets, self.store.bucket_size), done)
 
-    def kernel(self, query: Tensor, bucket: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    def kernel(self, query: Tensor, bucket: Tensor, k: int, prepared: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """log K(h, w_j) for the members of each walker's bucket (W,) -> (W, L) (-inf on padding),
-        and the member ids (W, L); walker w belongs to query w // k."""
+        and the member ids (W, L); walker w belongs to query w // k. ``prepared``: ``features.prepare(query)``
+        when the caller has it."""
         store, n_query = self.store, query.shape[0]
         size = store.bucket_size
         ids = store.member_ids(bucket)  # (W, L)
-        prepared = self.features.prepare(query)
+        prepared = self.features.prepare(query) if prepared is None else prepared
         if self.walk.dense(store.num_buckets, n_query, k):  # all dot products in one GEMM, then pick
             dots = prepared @ self.features.prepare(store.weight).T  # (N, n)
             dots = nn.functional.pad(dots, (0, store.num_buckets * size - store.num_classes))

@@ -86,19 +86,20 @@ class FixedWalk:
             return pos - (store.num_buckets - 1), log_path
         pairs = store.nodes[1:].view(-1, 2 * feats)  # row i: both children of heap node i
         floor = store.floor[1:].view(-1, 2)
-        uniform = torch.rand(steps, n_query * k, device=phi.device)
+        uniform = torch.rand(steps, n_query * k, 1, device=phi.device)
+        split = torch.cat([uniform - 1, uniform], 2)  # (steps, W, 2): right iff (u - 1) s_L + u s_R >= 0
         scores, turns = [], []
         for step in range(steps):  # WALKED_LEVELS steps at most, whatever n
             z = pairs.index_select(0, pos).view(n_query, 2 * k, feats)  # (N, 2k, F)
             raw = torch.bmm(phi.unsqueeze(1), z.transpose(1, 2)).view(-1, 2)  # (W, 2)
             s = torch.maximum(raw, floor.index_select(0, pos))
-            right = uniform[step] >= s[:, 0] / s.sum(1)  # (W,) go right with prob s_R / (s_L + s_R)
+            right = torch.bmm(s.unsqueeze(1), split[step].unsqueeze(2)).view(-1) >= 0  # (W,) u >= s_L / (s_L + s_R)
             scores.append(s)
             turns.append(right)
-            pos = pos * 2 + 1 + right
+            pos = torch.add(right, pos, alpha=2).add_(1)  # the chosen child's heap index
         s = torch.stack(scores, 1)  # (W, steps, 2)
         chosen = s.gather(2, torch.stack(turns, 1).long().unsqueeze(2)).squeeze(2)  # (W, steps)
-        return pos - (store.num_buckets - 1), log_path + (chosen.log() - s.sum(2).log()).sum(1)
+        return pos - (store.num_buckets - 1), log_path + (chosen / s.sum(2)).log().sum(1)
 
     def path_log_q(self, phi: Tensor, bucket: Tensor, top: Tensor) -> Tensor:
         """Log-probability (N, k) that query i's walk reaches ``bucket[i, j]`` (N, k), phi (N, F), ``top`` its
@@ -106,16 +107,13 @@ class FixedWalk:
         store, level = self.store, self.top
         steps = store.depth - level
         leaf = bucket + store.num_buckets  # 1-based heap index of each bucket
-        start = (leaf >> steps) - (1 << level)  # the level-t ancestor's position on its level
-        if phi.shape[0] > 1:
-            log_q = top.gather(1, start)  # (N, k)
-        else:
-            log_q = top[0].index_select(0, start.reshape(-1)).view(start.shape)
         if steps == 0:
-            return log_q
-        shifts = torch.arange(steps, 0, -1, device=bucket.device)  # the last ``steps`` levels, top down
-        parents = (leaf.unsqueeze(-1) >> shifts) - 1  # (..., steps) heap index of the node left at each level
-        right = ((leaf.unsqueeze(-1) >> (shifts - 1)) & 1).unsqueeze(-1)  # (..., steps, 1)
+            return self._top_of(top, leaf - (1 << level))
+        shifts = self.shifts(steps, bucket.device)  # (steps + 1,): the last ``steps`` levels top down, then 0
+        path = leaf.unsqueeze(-1) >> shifts  # (..., steps + 1) 1-based heap index of the path's nodes from level t
+        log_q = self._top_of(top, path[..., 0] - (1 << level))  # the reach of the level-t ancestor
+        parents = path[..., :-1] - 1  # (..., steps) 0-based heap index of the node left at each level
+        right = (path[..., 1:] & 1).unsqueeze(-1)  # (..., steps, 1) 1 where the path goes right
         feats = phi.shape[1]
         z = store.nodes[1:].view(-1, 2, feats).index_select(0, parents.reshape(-1))  # (K steps, 2, F)
         if phi.shape[0] > 1:  # one query per row of bucket: (N, k steps 2, F) against phi (N, F)
@@ -124,4 +122,18 @@ class FixedWalk:
             raw = z.view(-1, feats) @ phi[0]  # (K steps 2,)
         floor = store.floor[1:].view(-1, 2).index_select(0, parents.reshape(-1))  # (K steps, 2)
         s = torch.maximum(raw.view(-1, 2), floor).view(*parents.shape, 2)  # (..., steps, 2)
-        return log_q + (s.gather(-1, right).squeeze(-1).log() - s.sum(-1).log()).sum(-1)
+        return log_q + (s.gather(-1, right).squeeze(-1) / s.sum(-1)).log().sum(-1)
+
+    def shifts(self, steps: int, device: torch.device) -> Tensor:
+        """(steps + 1,) right shifts from a leaf to its ancestors at levels depth - steps, ..., depth: steps..0."""
+        key = (-steps, device)  # negative keys: no clash with ``ancestors``' levels
+        if key not in self._ancestors:
+            self._ancestors[key] = torch.arange(steps, -1, -1, device=device)
+        return self._ancestors[key]
+
+    @staticmethod
+    def _top_of(top: Tensor, start: Tensor) -> Tensor:
+        """``top``'s entries at level-t positions ``start``: (N, k) per query, or any shape for one query."""
+        if top.shape[0] > 1:
+            return top.gather(1, start)  # (N, k)
+        return top[0].index_select(0, start.reshape(-1)).view(start.shape)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from lmtrain.sampler.kernel.gpu_draws import FixedStep
 from lmtrain.sampler.kernel.tree import KernelTree
 from lmtrain.sampler.kernel.unigram_share import UnigramShare
 from lmtrain.sampler.proposal import Proposal
@@ -19,7 +20,7 @@ class KernelProposal(Proposal):
     def __init__(self, tree: KernelTree, query: Tensor, unigram: UnigramShare | None) -> None:
         self.tree, self.query, self.unigram = tree, query, unigram
         self._phi: Tensor | None = None
-        self._top: Tensor | None = None
+        self._fixed: FixedStep | None = None
 
     @property
     def phi(self) -> Tensor:
@@ -29,12 +30,12 @@ class KernelProposal(Proposal):
         return self._phi
 
     @property
-    def top(self) -> Tensor | None:
-        """On the GPU paths, the queries' reach of the tree's top levels (``KernelTree.top_reach``), computed at the
+    def fixed(self) -> FixedStep | None:
+        """On the GPU paths, what the step's draws and log q share (``KernelTree.fixed_step``), computed at the
         first use; None on a CPU."""
-        if self._top is None:
-            self._top = self.tree.top_reach(self.phi)
-        return self._top
+        if self._fixed is None:
+            self._fixed = self.tree.fixed_step(self.phi, self.query)
+        return self._fixed
 
     def sample(self, num_samples: int) -> tuple[Tensor, Tensor]:
         tree, query, mix = self.tree, self.query, self.unigram
@@ -45,15 +46,15 @@ class KernelProposal(Proposal):
             log_q = mix.mix(tree.log_q_all(query, self.phi))  # (N, n)
             ids = torch.multinomial(log_q.exp(), num_samples, replacement=True)  # (N, m)
             return ids, log_q.gather(1, ids)
-        ids, log_q = tree.sample(query, num_kernel, self.phi, self.top)  # (N, m_k) each
+        ids, log_q = tree.sample(query, num_kernel, self.phi, self.fixed)  # (N, m_k) each
         if not num_unigram:
             return ids, log_q
         extra = mix.draw(query.shape[0], num_unigram)  # (N, m_u)
         ids = torch.cat([ids, extra], 1)  # (N, m)
-        return ids, mix.mix(torch.cat([log_q, tree.log_q_many(query, extra, self.phi, self.top)], 1), ids)
+        return ids, mix.mix(torch.cat([log_q, tree.log_q_many(query, extra, self.phi, self.fixed)], 1), ids)
 
     def log_q(self, ids: Tensor) -> Tensor:
-        log_q = self.tree.log_q(self.query, ids, self.phi, self.top)  # (N, k)
+        log_q = self.tree.log_q(self.query, ids, self.phi, self.fixed)  # (N, k)
         return log_q if self.unigram is None else self.unigram.mix(log_q, ids)
 
     def log_q_all(self) -> Tensor:
@@ -72,20 +73,20 @@ class MixtureProposal(Proposal):
         self.tree, self.unigram = tree, unigram
         self.psi = tree.mixture(query)  # (F,)
         self.scores = tree.bucket_scores(self.psi)
-        self.top = tree.top_reach(self.psi.unsqueeze(0))  # (1, 2^t) on the GPU paths, else None
+        self.fixed = tree.fixed_step(self.psi.unsqueeze(0))  # on the GPU paths, else None
 
     def sample(self, num_samples: int) -> tuple[Tensor, Tensor]:
         tree, psi, mix = self.tree, self.psi, self.unigram
         num_kernel, num_unigram = mix.split(num_samples) if mix is not None else (num_samples, 0)
-        ids, log_q = tree.sample_mixture(psi, num_kernel, self.scores, self.top)  # (m_k,) each
+        ids, log_q = tree.sample_mixture(psi, num_kernel, self.scores, self.fixed)  # (m_k,) each
         if not num_unigram:  # no unigram share, or m too small for one unigram draw
             return ids, log_q
         extra = mix.draw(num_unigram)  # (m_u,)
         ids = torch.cat([ids, extra])  # (m,)
-        return ids, mix.mix(torch.cat([log_q, tree.log_q_mixture(psi, extra, self.scores, self.top)]), ids)
+        return ids, mix.mix(torch.cat([log_q, tree.log_q_mixture(psi, extra, self.scores, self.fixed)]), ids)
 
     def log_q(self, ids: Tensor) -> Tensor:
-        log_q = self.tree.log_q_mixture(self.psi, ids, self.scores, self.top)  # ids' shape
+        log_q = self.tree.log_q_mixture(self.psi, ids, self.scores, self.fixed)  # ids' shape
         return log_q if self.unigram is None else self.unigram.mix(log_q, ids)
 
     def log_q_all(self) -> Tensor:

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from lmtrain.execution import DeviceAware
 from lmtrain.sampler.kernel.buckets import BucketScorer, BucketScores
 from lmtrain.sampler.kernel.features import FeatureMap
-from lmtrain.sampler.kernel.gpu_draws import FixedDraws
+from lmtrain.sampler.kernel.gpu_draws import FixedDraws, FixedStep
 from lmtrain.sampler.kernel.store import TreeStore
 from lmtrain.sampler.kernel.walk import TreeWalk
 
@@ -46,7 +46,8 @@ class KernelTree(DeviceAware, nn.Module):
     psi: a step's proposal (``lmtrain.sampler.kernel.proposal``) computes each once for its draws and its targets.
 
     On the GPU paths (``gpu_paths``, ``lmtrain.execution``) the draws and log q of both modes go through
-    ``FixedDraws`` (the same distributions in a fixed number of operators), which take the step's ``top`` reach.
+    ``FixedDraws`` (the same distributions in a fixed number of operators), which take the step's ``FixedStep``
+    (``fixed_step``) as ``fixed``.
     """
 
     def __init__(
@@ -66,9 +67,12 @@ class KernelTree(DeviceAware, nn.Module):
         self.scorer = BucketScorer(features, self.store, self.walk)
         self.fixed = FixedDraws(self.store, self.scorer)
 
-    def top_reach(self, phi: Tensor) -> Tensor | None:
-        """The GPU paths' reach of the top levels for queries phi (N, F) (``FixedWalk.top_reach``); None on a CPU."""
-        return self.fixed.top_reach(phi) if self.gpu_paths else None
+    def fixed_step(self, phi: Tensor, query: Tensor | None = None) -> FixedStep | None:
+        """On the GPU paths, what a step's draws and log q share (``FixedStep``: the reach of the top levels for
+        queries phi (N, F), and the ``query`` (N, d) prepared for the kernel); None on a CPU."""
+        if not self.gpu_paths:
+            return None
+        return self.fixed.step(phi, None if query is None else self.features.prepare(query))
 
     # --- the store: building and the shape of the tree --------------------------------------------
     def rebuild(self, weight: Tensor) -> None:
@@ -123,12 +127,12 @@ class KernelTree(DeviceAware, nn.Module):
 
     # --- per example ----------------------------------------------------------------------------
     def sample(
-        self, query: Tensor, num_samples: int, phi: Tensor | None = None, top: Tensor | None = None
+        self, query: Tensor, num_samples: int, phi: Tensor | None = None, fixed: FixedStep | None = None
     ) -> tuple[Tensor, Tensor]:
         """query (N, d) -> ids (N, m) drawn per example, and their exact log q (N, m)."""
         self._check(query)
         if self.gpu_paths:
-            return self.fixed.sample(query, self.features(query) if phi is None else phi, num_samples, top)
+            return self.fixed.sample(query, self.features(query) if phi is None else phi, num_samples, fixed)
         n_query = query.shape[0]
         uniform = torch.rand(self.depth, n_query * num_samples, device=query.device)
         phi = self.features(query) if phi is None else phi
@@ -157,11 +161,11 @@ class KernelTree(DeviceAware, nn.Module):
             return False
         return dense <= WALK_COST * walk and n_query * self.num_classes <= DENSE_MAX_ENTRIES
 
-    def log_q(self, query: Tensor, ids: Tensor, phi: Tensor | None = None, top: Tensor | None = None) -> Tensor:
+    def log_q(self, query: Tensor, ids: Tensor, phi: Tensor | None = None, fixed: FixedStep | None = None) -> Tensor:
         """Exact log q of any ids (N, k) under the walk that ``sample`` performs, (N, k)."""
         self._check(query)
         if self.gpu_paths:
-            return self.fixed.log_q(query, self.features(query) if phi is None else phi, ids, top)
+            return self.fixed.log_q(query, self.features(query) if phi is None else phi, ids, fixed)
         n_query, k = ids.shape
         bucket = torch.div(ids, self.bucket_size, rounding_mode="floor")  # (N, k)
         logk, _ = self.scorer.kernel(query, bucket.reshape(-1), k)  # (W, L)
@@ -171,14 +175,16 @@ class KernelTree(DeviceAware, nn.Module):
             return log_in
         return self.walk.path_log_q(self.features(query) if phi is None else phi, bucket) + log_in
 
-    def log_q_many(self, query: Tensor, ids: Tensor, phi: Tensor | None = None, top: Tensor | None = None) -> Tensor:
+    def log_q_many(
+        self, query: Tensor, ids: Tensor, phi: Tensor | None = None, fixed: FixedStep | None = None
+    ) -> Tensor:
         """``log_q`` of ids (N, k) drawn elsewhere (a kernel proposal's unigram share), through every query's
         probability of reaching every bucket (one product per level, ``TreeWalk.log_reach``) when the tree has few
         buckets for the number of ids: reach reads 2B node sums per query, the paths k x depth x 2 (gathered,
         ``GATHER_COST`` times slower each)."""
         n_query, k = ids.shape
         if self.gpu_paths or self.depth == 0 or self.num_buckets > GATHER_COST * k * self.depth * 2:
-            return self.log_q(query, ids, phi, top)
+            return self.log_q(query, ids, phi, fixed)
         bucket = torch.div(ids, self.bucket_size, rounding_mode="floor")  # (N, k)
         logk, _ = self.scorer.kernel(query, bucket.reshape(-1), k)  # (N k, L)
         pick = (ids - bucket * self.bucket_size).view(-1, 1)  # (N k, 1)
@@ -214,22 +220,22 @@ class KernelTree(DeviceAware, nn.Module):
         return self.scorer.empty(psi)
 
     def sample_mixture(
-        self, psi: Tensor, num_samples: int, scores: BucketScores | None = None, top: Tensor | None = None
+        self, psi: Tensor, num_samples: int, scores: BucketScores | None = None, fixed: FixedStep | None = None
     ) -> tuple[Tensor, Tensor]:
         """``num_samples`` ids (m,) drawn with psi's walk (see ``mixture``) and their exact log q-bar (m,)."""
         if self.gpu_paths:
-            return self.fixed.sample_mixture(psi, num_samples, top)
+            return self.fixed.sample_mixture(psi, num_samples, fixed)
         uniform = torch.rand(self.depth, num_samples, device=psi.device)
         bucket, log_path = self.walk.descend(psi.unsqueeze(0), num_samples, uniform)  # (m,) each
         ids, log_in = self.walk.pick(*self.scorer.mixture(psi, bucket, scores))  # (m,) each
         return ids, log_path + log_in
 
     def log_q_mixture(
-        self, psi: Tensor, ids: Tensor, scores: BucketScores | None = None, top: Tensor | None = None
+        self, psi: Tensor, ids: Tensor, scores: BucketScores | None = None, fixed: FixedStep | None = None
     ) -> Tensor:
         """Exact log q-bar of any ids (any shape) under psi's walk, the same shape."""
         if self.gpu_paths:
-            return self.fixed.log_q_mixture(psi, ids, top)
+            return self.fixed.log_q_mixture(psi, ids, fixed)
         flat = ids.reshape(-1)
         bucket = torch.div(flat, self.bucket_size, rounding_mode="floor")  # (K,)
         distinct, inverse = torch.unique(bucket, return_inverse=True)  # each bucket's members scored once
