@@ -27,6 +27,14 @@ and model included) or, with `--device cuda`, torch's peak allocated GPU memory.
 Each cell also reports its step time (ms/step, from the median tokens/s) and the train/loss of its last round's
 steps. The full softmax's chunked and dense training paths side by side: `--outputs full,full:output.train_chunk=0`
 (at 10^5 and 10^6 the default is chunked; `train_chunk=0` forces the (N, n) logits).
+
+Framework overhead (issue 28): a model so small that host time dominates its step (1x32 LSTM, 1,000 types, batch
+20 x 20, one thread), lmtrain full against the plain loop (`lmtrain_full_over_plain`; 400 steps stay in one epoch
+of the generated corpus, which the plain loop reads once):
+
+    python scripts/bench_train.py --experiment none --data synthetic:1000 --outputs full --threads 1 \
+        --override model.num_layers=1 --override model.hidden_dim=32 --override model.emb_dim=32 \
+        --override data.batch_size=20 --override data.bptt=20 --steps 400 --warmup 50 --rounds 5
 """
 
 from __future__ import annotations
@@ -167,6 +175,7 @@ def plain_round(args: argparse.Namespace, data: str | None = None, max_seconds: 
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if mixed else contextlib.nullcontext
     wait = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)  # the clock reads an idle device
     opt = torch.optim.SGD(params, lr=cfg.optim.lr)
+    clip = cfg.optim.clip  # read once: a config lookup costs as much host time as a small model's kernel
     state, tokens, start = None, 0, time.perf_counter()
     for step, (x, y) in enumerate(dm.train_dataloader()):  # data loading is timed, as it is in lmtrain's rate
         if step >= args.steps or (max_seconds and step > args.warmup and time.perf_counter() - start > max_seconds):
@@ -181,7 +190,7 @@ def plain_round(args: argparse.Namespace, data: str | None = None, max_seconds: 
         state = tuple(s.detach() for s in state)
         opt.zero_grad()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, cfg.optim.clip)
+        torch.nn.utils.clip_grad_norm_(params, clip)
         opt.step()
         tokens += x.numel()
     wait()

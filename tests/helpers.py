@@ -93,3 +93,40 @@ class SignalAtStep(L.Callback):
 
         if self.again and trainer.global_step > self.step:
             os.kill(os.getpid(), getattr(signal, self.again))
+
+
+class CountStepSyncs(L.Callback):
+    """Counts the host syncs (``lmtrain.tools.launches.DispatchCounter``) of each training step of a real fit, from
+    one batch start to the next, Lightning's own hooks, logging and callbacks included; a step during which the run
+    validated or saved a checkpoint is marked busy. The last instance is ``CountStepSyncs.last``."""
+
+    last: CountStepSyncs | None = None
+
+    def __init__(self) -> None:
+        from lmtrain.tools.launches import DispatchCounter
+
+        self.counter = DispatchCounter()
+        self.marks: list[int] = []  # the sync count at each batch start, then at the end of training
+        self.busy: set[int] = set()  # steps (indices into marks) that validated or checkpointed
+        CountStepSyncs.last = self
+
+    def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        self.counter.__enter__()
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        self.marks.append(self.counter.counts.syncs)
+
+    def on_validation_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        self.busy.add(len(self.marks) - 1)
+
+    def on_save_checkpoint(self, trainer: L.Trainer, *args: Any) -> None:
+        self.busy.add(len(self.marks) - 1)
+
+    def on_train_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        self.marks.append(self.counter.counts.syncs)
+        self.counter.__exit__(None, None, None)
+
+    def per_step(self) -> dict[int, int]:
+        """Syncs of every step that neither validated nor checkpointed, by step index."""
+        counts = [b - a for a, b in zip(self.marks, self.marks[1:], strict=False)]
+        return {step: n for step, n in enumerate(counts) if step not in self.busy}

@@ -49,9 +49,7 @@ class LanguageModel(StepMetrics):
         window = window_loss(self.encoder, self.output, batch, self._state["train"], self.loss_reduction, where)
         self._state["train"] = window.state
         self._batches_done = batch_idx + 1  # read by checkpoints saved at the end of this batch
-        self.log("train/loss", window.loss, prog_bar=True, logger=False)  # the progress bar; loggers: _write_loss
-        self._write_loss(window.loss.item())
-        self._log_step_metrics(window.loss, batch[0].numel(), self.output.loss_is_nll)
+        self._record_step(window.loss, window.value, batch[0].numel(), self.output.loss_is_nll)
         return window.objective
 
     def on_train_epoch_start(self) -> None:

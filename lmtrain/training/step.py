@@ -8,6 +8,7 @@ reduction over time), ``clip_gradients`` and ``after_update`` (the output's afte
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -28,13 +29,15 @@ class NonFiniteLossError(RuntimeError):
 
 @dataclass
 class Window:
-    """One training window's forward pass: the mean loss per position (``train/loss``), the objective the
-    optimizer sees (``loss_reduction``), the hidden states (N, d) and the detached state to carry on."""
+    """One training window's forward pass: the mean loss per position (``train/loss``) and its value read on the
+    host, the objective the optimizer sees (``loss_reduction``), the hidden states (N, d) and the detached state to
+    carry on."""
 
     loss: Tensor
     objective: Tensor
     hidden: Tensor
     state: State
+    value: float  # loss.item(): the step's one host sync, for the non-finite check and every metric of the step
 
 
 def carry(encoder: nn.Module, inputs: Tensor, state: State | None) -> tuple[Tensor, State]:
@@ -50,14 +53,18 @@ def window_loss(
     encoder: nn.Module, output: OutputLayer, batch: Batch, state: State | None, loss_reduction: str, where: str = ""
 ) -> Window:
     """The training loss of one window; ``sum`` multiplies the per-token mean by T (the classic PTB recipes).
-    Raises NonFiniteLossError (naming ``where``) for a NaN or infinite loss."""
+    Raises NonFiniteLossError (naming ``where``) for a NaN or infinite loss.
+
+    The loss is read on the host once (``Window.value``): on a GPU that read waits for the forward pass, and it is
+    the only wait of a training step; the check and the step's metrics all use this one value."""
     inputs, targets = batch
     hidden, state = carry(encoder, inputs, state)
     loss = output.loss(hidden, targets.reshape(-1), inputs=inputs.reshape(-1))
-    if not torch.isfinite(loss):
-        raise NonFiniteLossError(f"training loss became {loss.item()}{where}; lower optim.lr or check the data")
+    value = loss.item()
+    if not math.isfinite(value):
+        raise NonFiniteLossError(f"training loss became {value}{where}; lower optim.lr or check the data")
     objective = loss * inputs.shape[1] if loss_reduction == "sum" else loss
-    return Window(loss, objective, hidden, state)
+    return Window(loss, objective, hidden, state, value)
 
 
 def clip_gradients(params: Iterable[Tensor], clip: float | None, fixed_shapes: bool = False) -> None:

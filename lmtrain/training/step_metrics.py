@@ -1,12 +1,14 @@
 """What a training run writes besides the exact evaluation: the loss at every step, the perplexity, learning
 rate and throughput every ``trainer.log_every_n_steps`` steps, all in Lightning's rows of metrics.csv, and with
-each validation the training seconds so far (``train/seconds``), the clock of ``max_train_seconds``."""
+each validation the training seconds so far (``train/seconds``), the clock of ``max_train_seconds``. The training
+metrics are computed on the host from the one loss value a step reads (``StepMetrics._record_step``)."""
 
 from __future__ import annotations
 
 import time
 
 import lightning as L
+import torch
 from torch import Tensor
 
 
@@ -22,14 +24,47 @@ class StepMetrics(L.LightningModule):
         self.train_seconds = 0.0  # time in training so far, validation and its checkpoints left out (resumed too)
         self._segment: float | None = None  # when the current stretch of training started
 
-    def _write_loss(self, loss: float) -> None:
-        """train/loss to every logger at every step. Lightning writes what ``self.log`` collects only every
-        ``log_every_n_steps``; this row carries Lightning's labels for the step (its 0-based index, which is the
-        global step before the optimizer step, and the epoch), so that metrics.csv merges both into one row."""
-        self._loss_sum, self._loss_steps = self._loss_sum + loss, self._loss_steps + 1
-        self._trained = (self.current_epoch, self.global_step)
+    def _record_step(self, loss: Tensor, value: float, tokens: int, loss_is_nll: bool) -> None:
+        """Write one training step's metrics: train/loss at every step, and perplexity (when the loss is the exact
+        NLL), learning rate and throughput every ``log_every_n_steps`` steps (Lightning's steps for on_step metrics).
+
+        ``value`` is ``loss`` read on the host (the step's one host sync, ``step.window_loss``); everything here is
+        computed from it on the host, so the step waits for the device nowhere else. The values are those
+        ``self.log`` gave before (float32 rounding, exp of the loss in its own dtype), but written straight to the
+        loggers in one row labelled as Lightning labels a step (its 0-based index, which is the global step before
+        the optimizer step, and the epoch), and put in ``trainer.callback_metrics`` and the progress bar's metrics
+        as host values: ``self.log`` costs about a millisecond of host time per call, and Lightning reads every
+        logged progress-bar tensor back from the device after each batch, more than a small model's step takes."""
+        self._loss_sum, self._loss_steps = self._loss_sum + value, self._loss_steps + 1
+        epoch, step = self.current_epoch, self.global_step
+        self._trained = (epoch, step)
+        self._tokens += tokens
+        trainer = self.trainer
+        metrics = {"train/loss": host_scalar(value, loss.dtype)}
+        interval = trainer.log_every_n_steps
+        if (interval and (step + 1) % interval == 0) or trainer.fast_dev_run:
+            metrics.update(self._interval_metrics(value, loss.dtype, loss_is_nll))
+        trainer.callback_metrics.update(metrics)
+        row = {name: tensor.tolist() for name, tensor in metrics.items()}  # host tensors: no device read
+        if trainer.progress_bar_callback is not None:
+            trainer.progress_bar_metrics.update({k: v for k, v in row.items() if k in PROGRESS_BAR})
         for logger in self.loggers:
-            logger.log_metrics({"train/loss": loss, "epoch": self.current_epoch}, step=self.global_step)
+            logger.log_metrics({**row, "epoch": epoch}, step=step)
+            if len(row) > 1:  # as Lightning saves its loggers whenever it writes their metrics
+                logger.save()
+
+    def _interval_metrics(self, value: float, dtype: torch.dtype, loss_is_nll: bool) -> dict[str, Tensor]:
+        """train/ppl (exp of the loss, when it is the exact NLL), lr and tokens/s (the mean over the steps since the
+        last write, validation time left out), as host tensors."""
+        metrics = {}
+        if loss_is_nll:  # only then is exp(loss) a perplexity
+            metrics["train/ppl"] = host_scalar(value, dtype).exp()
+        metrics["lr"] = host_scalar(self.trainer.optimizers[0].param_groups[0]["lr"])
+        now = self.training_seconds()
+        if self._clock is not None:
+            metrics["tokens_per_sec"] = host_scalar(self._tokens / (now - self._clock))
+        self._clock, self._tokens = now, 0
+        return metrics
 
     def take_mean_train_loss(self) -> float | None:
         """The mean training loss since the previous call (None without training steps since then)."""
@@ -38,21 +73,6 @@ class StepMetrics(L.LightningModule):
         mean = self._loss_sum / self._loss_steps
         self._loss_sum, self._loss_steps = 0.0, 0
         return mean
-
-    def _log_step_metrics(self, loss: Tensor, tokens: int, loss_is_nll: bool) -> None:
-        """Perplexity (when the loss is the exact NLL), learning rate and throughput, on the steps whose metrics
-        Lightning writes: each ``self.log`` call costs milliseconds in Lightning, more than a small model's step
-        can spare."""
-        self._tokens += tokens
-        if not writes_step_metrics(self.trainer):
-            return
-        if loss_is_nll:  # only then is exp(loss) a perplexity
-            self.log("train/ppl", loss.detach().exp(), on_step=True, on_epoch=False, prog_bar=True)
-        self.log("lr", self.trainer.optimizers[0].param_groups[0]["lr"], on_step=True, on_epoch=False)
-        now = self.training_seconds()
-        if self._clock is not None:  # mean over the steps since the last write (validation time left out)
-            self.log("tokens_per_sec", self._tokens / (now - self._clock), on_step=True, on_epoch=False)
-        self._clock, self._tokens = now, 0
 
     def training_seconds(self) -> float:
         """Seconds spent training so far (this process and the runs it resumed), validation left out."""
@@ -82,9 +102,11 @@ class StepMetrics(L.LightningModule):
             self.log("step", float(step), sync_dist=False)
 
 
-def writes_step_metrics(trainer: L.Trainer) -> bool:
-    """Whether Lightning writes on_step metrics at this training step (every ``log_every_n_steps``).
+PROGRESS_BAR = ("train/loss", "train/ppl")  # shown by the progress bar
 
-    Read from Lightning's logger connector; a Lightning without it gets every step logged."""
-    connector = getattr(trainer, "_logger_connector", None)
-    return bool(getattr(connector, "should_update_logs", True) or trainer.fast_dev_run)
+
+def host_scalar(value: float, dtype: torch.dtype | None = None) -> Tensor:
+    """``value`` as a 0-dim tensor on the host, as ``self.log`` stores a value: in ``dtype`` (default: torch's), then
+    in float32 unless it is float32 or float64."""
+    tensor = torch.tensor(value, dtype=dtype or torch.get_default_dtype())
+    return tensor if tensor.dtype in (torch.float32, torch.float64) else tensor.float()
