@@ -118,6 +118,19 @@ def test_resume_mid_epoch_matches_uninterrupted_run(tiny_config, tmp_path, crash
     assert rows_before and rows_after[: len(rows_before)] == rows_before  # resumed run appended; nothing lost
 
 
+def test_last_checkpoint_by_time_before_the_first_periodic_step(tiny_config, tmp_path):
+    """A crash before checkpoint_every_n_steps is reached still leaves a last.ckpt when the minutes have passed,
+    and none without the time limit (the step checkpoint alone would lose the run)."""
+    crash = ["+callbacks.crash._target_=tests.helpers.CrashAtStep", "+callbacks.crash.step=6"]
+    common = ["trainer.max_steps=50", "checkpoint_every_n_steps=1000", "test_after_fit=false", *crash]
+    for minutes, run in ((1e-6, tmp_path / "by_time"), (60, tmp_path / "by_steps")):
+        with pytest.raises(SimulatedCrash):
+            train(tiny_config(*common, f"checkpoint_every_minutes={minutes}", run_dir=run))
+    last = torch.load(tmp_path / "by_time" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert last["global_step"] == 5  # every step from the second on; Lightning runs checkpoints after the crash
+    assert not (tmp_path / "by_steps" / "checkpoints" / "last.ckpt").exists()
+
+
 def test_resumed_run_shows_its_epoch_in_the_progress_bar_and_is_resumable(tiny_config, tmp_path, recwarn):
     common = ["trainer.max_epochs=1", "checkpoint_every_n_steps=4", "test_after_fit=false", "data.train_tokens=10000"]
     with pytest.raises(SimulatedCrash):

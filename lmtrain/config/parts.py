@@ -27,6 +27,7 @@ class RunConfig:
     name: str | int | float | None = None
     run_dir: str = "???"
     checkpoint_every_n_steps: int = field(default=500, metadata=AT_LEAST_1)
+    checkpoint_every_minutes: float = field(default=5.0, metadata={"above": 0})
     loss_reduction: str = field(default="sum", metadata={"choices": ("mean", "sum")})
     test_after_fit: bool = True
     max_train_seconds: float | None = field(default=None, metadata={"above": 0})
