@@ -6,6 +6,7 @@ import csv
 import json
 import logging
 import math
+import re
 
 import pytest
 import torch
@@ -77,6 +78,11 @@ def test_short_run_validates_at_its_end_and_writes_the_loss_every_step(tiny_conf
     [test_row] = [r for r in rows if "test/ppl" in r]
     assert (test_row["epoch"], test_row["step"]) == ("0", "39")
     assert "epoch 0 | 40 steps | val/ppl" in caplog.text
+    # the line's last window's rate and the run's mean: 40 steps x 16 x 20 tokens over the training seconds so far
+    [line] = [r.getMessage() for r in caplog.records if "| 40 steps |" in r.getMessage()]
+    mean = float(re.search(r"\| mean tokens_per_sec ([\d,]+)$", line).group(1).replace(",", ""))
+    seconds = float([r for r in rows if "val/ppl" in r][-1]["train/seconds"])
+    assert mean == pytest.approx(40 * 16 * 20 / seconds, rel=0.02) and "| tokens_per_sec " in line
     noise = ("monitored key", "LeafSpec", "not resumable")
     assert not [str(w.message) for w in recwarn if any(n in str(w.message) for n in noise)]
     assert "litlogger" not in caplog.text

@@ -21,6 +21,7 @@ class StepMetrics(L.LightningModule):
         self._trained: tuple[int, int] | None = None  # (epoch, step) of the last training step: labels the test row
         self.train_seconds = 0.0  # time in training so far, validation and its checkpoints left out (resumed too)
         self._segment: float | None = None  # when the current stretch of training started
+        self._run_tokens, self._run_from = 0, 0.0  # this session's training tokens, training_seconds() at its start
 
     def _write_loss(self, loss: float) -> None:
         """train/loss to every logger at every step. Lightning writes what ``self.log`` collects only every
@@ -44,6 +45,7 @@ class StepMetrics(L.LightningModule):
         Lightning writes: each ``self.log`` call costs milliseconds in Lightning, more than a small model's step
         can spare."""
         self._tokens += tokens
+        self._run_tokens += tokens
         if not writes_step_metrics(self.trainer):
             return
         if loss_is_nll:  # only then is exp(loss) a perplexity
@@ -59,7 +61,14 @@ class StepMetrics(L.LightningModule):
         running = time.perf_counter() - self._segment if self._segment is not None else 0.0
         return self.train_seconds + running
 
+    def mean_tokens_per_sec(self) -> float | None:
+        """Training tokens per second over this session's training so far (validation left out), None before a
+        step: the run's mean, beside ``tokens_per_sec`` (the last ``log_every_n_steps`` window)."""
+        seconds = self.training_seconds() - self._run_from
+        return self._run_tokens / seconds if self._run_tokens and seconds > 0 else None
+
     def on_train_start(self) -> None:
+        self._run_tokens, self._run_from = 0, self.training_seconds()
         self._segment = time.perf_counter()
 
     def on_train_end(self) -> None:
