@@ -19,7 +19,7 @@ AT_LEAST_1 = {"at_least": 1}
 
 @dataclass
 class RunConfig:
-    """The top level of lmtrain/conf/train.yaml: the parts (data, model, ...) and the run's own keys."""
+    """The top level of conf/train.yaml: the parts (data, model, ...) and the run's own keys."""
 
     seed: int = 1234
     ckpt_path: str | None = None
