@@ -15,10 +15,13 @@ WORKDIR /app
 RUN pip install --no-cache-dir torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 COPY pyproject.toml README.md ./
 COPY lmtrain ./lmtrain
+COPY conf ./conf
 COPY scripts ./scripts
-# the Hydra config tree ships inside the package (lmtrain/conf); outputs/, multirun/ and data/ are the mount points,
-# and HOME (W&B settings, the Hugging Face download cache) is writable by any uid that --user picks
-RUN pip install --no-cache-dir -e . \
+# a non-editable install: the Hydra config tree conf/ ships inside the package as lmtrain/conf; outputs/, multirun/
+# and data/ are the mount points, and HOME (W&B settings, the Hugging Face download cache) is writable by any uid
+# that --user picks
+RUN pip install --no-cache-dir . \
+    && rm -rf build lmtrain.egg-info \
     && useradd --create-home --uid 1000 lmtrain \
     && mkdir -p outputs multirun data \
     && chown lmtrain: outputs multirun data \

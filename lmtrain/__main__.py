@@ -10,6 +10,7 @@ import hydra
 from omegaconf import DictConfig
 
 from lmtrain.cli.failures import RunFolder, fail, run_guarded
+from lmtrain.cli.resume import resume_in_place
 from lmtrain.config import CONF_DIR, ConfigError, preflight
 
 
@@ -37,4 +38,6 @@ if __name__ == "__main__":
         preflight(sys.argv[1:])
     except ConfigError as err:
         fail(str(err))
+    sys.argv[1:] = resume_in_place(sys.argv[1:])  # ckpt_path=last goes on in the folder it resumes
+    FOLDER = run_folder(sys.argv[1:])
     main()

@@ -16,7 +16,7 @@ from tests.cli_runs import TINY, run_cli
         (["sampler.D=1024"], "sampler.D is not an option of output=full"),
         (["optim.lr=abc", "data=synthetic"], "optim.lr must be a number, got 'abc'"),
         (["trainer.max_epochs=abc"], "trainer.max_epochs must be an integer or null, got 'abc'"),
-        (["++foo=1"], "unknown key foo (the top level takes callbacks, checkpoint_every_n_steps"),
+        (["++foo=1"], "unknown key foo (the top level takes callbacks, checkpoint_every_minutes, "),
         (["trainer.max_epoch=1"], "unknown key trainer.max_epoch: did you mean trainer.max_epochs?"),
         (["data=text", "data.path=DOES/NOT/EXIST", "logger=csv"], "corpus folder"),
         (["ckpt_path=missing.ckpt", "data=synthetic", "logger=csv"], "missing.ckpt does not exist"),

@@ -69,14 +69,17 @@ def test_sampler_option_on_a_strategy_without_that_option_is_refused():
 
 
 def test_config_tree_ships_as_package_data():
-    """`pip install .` (non-editable) must carry the whole Hydra tree: train.yaml, every group, every file in it."""
-    package = ROOT / "lmtrain"
-    assert package / "conf" == CONF_DIR and (CONF_DIR / "train.yaml").is_file()
+    """`pip install .` (non-editable) must carry the whole Hydra tree (train.yaml, every group, every file in it,
+    the studies) as lmtrain/conf, and every package of lmtrain/."""
+    assert ROOT / "conf" == CONF_DIR and (CONF_DIR / "train.yaml").is_file()
     assert all(choices(group) for group in GROUPS), "every group has at least one option"
-    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["lmtrain"]
-    shipped = {path for pattern in patterns for path in package.glob(pattern)}  # setuptools globs like this
-    tree = {path for path in CONF_DIR.rglob("*") if path.is_file()}
-    assert sorted(p.relative_to(package) for p in tree - shipped) == []
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert setuptools["package-dir"] == {"lmtrain.conf": "conf"}
+    shipped = {path for pattern in setuptools["package-data"]["lmtrain.conf"] for path in CONF_DIR.glob(pattern)}
+    tree = {path for path in CONF_DIR.rglob("*") if path.is_file() and "__pycache__" not in path.parts}
+    assert sorted(p.relative_to(CONF_DIR) for p in tree - shipped) == []
+    packages = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "lmtrain").rglob("__init__.py")}
+    assert sorted(setuptools["packages"]) == sorted(packages | {"lmtrain.conf"})
 
 
 def test_a_misspelt_sampler_option_gets_the_close_key():

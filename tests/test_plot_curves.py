@@ -4,6 +4,7 @@ grouped into mean and band, one unit per training panel), and reading metrics.cs
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from pathlib import Path
 
@@ -149,3 +150,25 @@ def test_rows_of_one_step_merge_and_a_resume_replaces_the_redone_steps(tmp_path)
     ]
     (tmp_path / "m.csv").write_text("epoch,step,train/loss\n0,0,5.0\n0,1,4.9\n0,2,4.8\n0,1,4.7\n0,2,4.6\n0,3,4.5\n")
     assert read_metrics(tmp_path / "m.csv")["train/loss"] == [(0, 0, 5.0), (1, 0, 4.7), (2, 0, 4.6), (3, 0, 4.5)]
+
+
+def test_a_short_sweeps_single_validations_are_markers_with_plain_ticks(tmp_path):
+    """One validation per run (at step 10): big markers, the x axis ticked at that step only, the log y axis
+    labelled with plain numbers over its whole range, the wide-range case with 1-2-5 ticks."""
+    runs = [fake_run(tmp_path / name, name, [ppl]) for name, ppl in (("a", 849.0), ("b", 870.0), ("c", 901.0))]
+    panels = plot_runs(runs, "steps", tmp_path / "short.png")
+    fig = draw(panels, "t")
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    assert [line.get_markersize() for line in ax.lines] == [7, 7, 7]
+    assert list(ax.get_xticks()) == [10.0] and ax.get_xticklabels()[0].get_text() == "10"
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert len(labels) >= 3 and all(re.fullmatch(r"[\d,.]+", t) for t in labels), labels  # no 8.49x10^2
+    low, high = ax.get_ylim()
+    assert min(ax.get_yticks()) - low < 0.3 * (high - low) and high - max(ax.get_yticks()) < 0.3 * (high - low)
+
+    wide = fake_run(tmp_path / "wide", "wide", [5000.0, 900.0, 120.0])
+    fig = draw(plot_runs([wide], "steps", tmp_path / "wide.png"), "t")
+    fig.canvas.draw()
+    shown = [t.get_text() for t in fig.axes[0].get_yticklabels() if t.get_text()]
+    assert {"200", "500", "1,000", "2,000"} <= set(shown), shown

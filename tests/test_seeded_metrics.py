@@ -26,8 +26,7 @@ SEQUENCE = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4]
 
 def output_choices() -> list[str]:
     """The ``output=`` options of the packaged config tree."""
-    [folder] = [p for p in Path(lmtrain.__file__).parent.rglob("output") if list(p.glob("*.yaml"))]
-    return sorted(p.stem for p in folder.glob("*.yaml"))
+    return sorted(p.stem for p in (lmtrain.CONF_DIR / "output").glob("*.yaml"))
 
 
 def seeded_overrides(output: str, run_dir: Path) -> list[str]:

@@ -2,7 +2,7 @@
 
 The corpus is the synthetic Zipf-Markov source of the tiny test config (n = 100 classes; its exact entropy rate
 gives the best possible perplexity, 51.1; the smoothed training unigram scores 86.7 on the validation split, a
-uniform guess 100). Every strategy in ``lmtrain/conf/output/`` (found by listing the folder, so a new one is tested
+uniform guess 100). Every strategy in ``conf/output/`` (found by listing the folder, so a new one is tested
 too) trains the tiny LSTM (1 x 32) for ``STEPS`` = 200 steps with Adam (lr 0.01, per-token mean loss, the recipe of
 ``test_train.py``'s learning test; the output options are each strategy's defaults), then its exact validation
 perplexity must be

@@ -233,13 +233,15 @@ def _rendered(root: Path) -> str:
 def _pages(root: Path) -> dict[str, str]:
     readme = (root / "README.md").read_text().split("**Which one to pick**", 1)[1].split("\n\n", 1)[0]
     pages = {"README.md (Which one to pick)": readme}
-    pages.update({name: _prose((root / "docs" / name).read_text()) for name in ("results.md", "strategies.md")})
+    pages.update(
+        {name: _prose((root / "docs" / name).read_text()) for name in ("results.md", "strategies.md", "usage.md")}
+    )
     return pages
 
 
 def test_docs_quote_only_numbers_that_a_rendered_table_holds():
-    """Every measurement written by hand in README's advice, docs/results.md and docs/strategies.md (a mean ± sd, a
-    relative difference, a speed ratio) appears in a rendered study, benchmark or answer table."""
+    """Every measurement written by hand in README's advice, docs/results.md, docs/strategies.md and docs/usage.md
+    (a mean ± sd, a relative difference, a speed ratio) appears in a rendered study, benchmark or answer table."""
     import re
 
     root = Path(__file__).resolve().parents[1]

@@ -6,6 +6,7 @@ import csv
 import json
 import logging
 import math
+import re
 
 import pytest
 import torch
@@ -77,6 +78,11 @@ def test_short_run_validates_at_its_end_and_writes_the_loss_every_step(tiny_conf
     [test_row] = [r for r in rows if "test/ppl" in r]
     assert (test_row["epoch"], test_row["step"]) == ("0", "39")
     assert "epoch 0 | 40 steps | val/ppl" in caplog.text
+    # the line's last window's rate and the run's mean: 40 steps x 16 x 20 tokens over the training seconds so far
+    [line] = [r.getMessage() for r in caplog.records if "| 40 steps |" in r.getMessage()]
+    mean = float(re.search(r"\| mean tokens_per_sec ([\d,]+)$", line).group(1).replace(",", ""))
+    seconds = float([r for r in rows if "val/ppl" in r][-1]["train/seconds"])
+    assert mean == pytest.approx(40 * 16 * 20 / seconds, rel=0.02) and "| tokens_per_sec " in line
     noise = ("monitored key", "LeafSpec", "not resumable")
     assert not [str(w.message) for w in recwarn if any(n in str(w.message) for n in noise)]
     assert "litlogger" not in caplog.text
@@ -116,6 +122,19 @@ def test_resume_mid_epoch_matches_uninterrupted_run(tiny_config, tmp_path, crash
     assert resumed["val/ppl"] == pytest.approx(expected["val/ppl"], rel=1e-6)
     rows_after = csv_rows(split / "metrics.csv")
     assert rows_before and rows_after[: len(rows_before)] == rows_before  # resumed run appended; nothing lost
+
+
+def test_last_checkpoint_by_time_before_the_first_periodic_step(tiny_config, tmp_path):
+    """A crash before checkpoint_every_n_steps is reached still leaves a last.ckpt when the minutes have passed,
+    and none without the time limit (the step checkpoint alone would lose the run)."""
+    crash = ["+callbacks.crash._target_=tests.helpers.CrashAtStep", "+callbacks.crash.step=6"]
+    common = ["trainer.max_steps=50", "checkpoint_every_n_steps=1000", "test_after_fit=false", *crash]
+    for minutes, run in ((1e-6, tmp_path / "by_time"), (60, tmp_path / "by_steps")):
+        with pytest.raises(SimulatedCrash):
+            train(tiny_config(*common, f"checkpoint_every_minutes={minutes}", run_dir=run))
+    last = torch.load(tmp_path / "by_time" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert last["global_step"] == 5  # every step from the second on; Lightning runs checkpoints after the crash
+    assert not (tmp_path / "by_steps" / "checkpoints" / "last.ckpt").exists()
 
 
 def test_resumed_run_shows_its_epoch_in_the_progress_bar_and_is_resumable(tiny_config, tmp_path, recwarn):

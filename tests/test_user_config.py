@@ -59,3 +59,10 @@ def test_hydra_searchpath_finds_the_same_folder_and_its_keys_are_checked(tmp_pat
         preflight([f"--config-dir={mine}", "experiment=mine", "output.num_sample=3"])
     with pytest.raises(ConfigError, match=r"unknown experiment 'mine': choose one of"):
         preflight(["experiment=mine"])  # without the folder
+
+
+def test_a_package_line_below_a_comment_is_named_in_the_error(tmp_path):
+    mine = user_folder(tmp_path / "mine")
+    (mine / "experiment" / "late.yaml").write_text("# my experiment\n" + EXPERIMENT)  # package line on line 2
+    with pytest.raises(ConfigError, match=r"experiment/late.yaml sets other groups: its first line must be '# @packa"):
+        preflight(["-cd", str(mine), "experiment=late"])

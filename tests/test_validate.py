@@ -33,7 +33,7 @@ from tests.conftest import make_config
         (["data=text"], "data.path must be set"),
         (["trainer.max_epoch=1"], "unknown key trainer.max_epoch: did you mean trainer.max_epochs? (trainer has"),
         (["+trainer.max_epoch=1"], "unknown key trainer.max_epoch: did you mean trainer.max_epochs? (trainer has"),
-        (["++foo=1"], "unknown key foo (the top level takes callbacks, checkpoint_every_n_steps"),
+        (["++foo=1"], "unknown key foo (the top level takes callbacks, checkpoint_every_minutes, "),
         (["++sede=1"], "unknown key sede: did you mean seed?"),
         (["outptu=rff"], "unknown key outptu: did you mean output?"),
         (["+optim.momentm=0.9"], "unknown key optim.momentm: did you mean optim.momentum?"),

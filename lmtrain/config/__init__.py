@@ -1,5 +1,5 @@
 """Typed configs: one dataclass schema per part in Hydra's ConfigStore (``parts.py``, ``strategies.py``,
-``store.py``) under the YAML tree in ``lmtrain/conf/``, the checks a type cannot make (``validate.py``), and the
+``store.py``) under the YAML tree in ``conf/``, the checks a type cannot make (``validate.py``), and the
 command line checked before Hydra starts (``preflight.py``, with ``explain.py`` for Hydra's errors)."""
 
 from lmtrain.config.preflight import compose_checked, preflight

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 import os
+import re
 import types
 import typing
 from collections.abc import Callable
@@ -37,7 +38,19 @@ def explain(exc: BaseException, overrides: list[str], compose: Compose) -> str:
         if key_of((culprit or [""])[0]).startswith("sampler."):
             return sampler_option(key_of(culprit[0]), [o for o in overrides if o not in culprit], compose)
         return missing_key(str(full_key), culprit, [o for o in overrides if o not in culprit], compose) or one_line(exc)
-    return one_line(exc)
+    return one_line(exc) + package_line_hint(one_line(exc))
+
+
+def package_line_hint(message: str) -> str:
+    """Where the package line must stand, when a file's ``override /GROUP`` fails because Hydra read the file
+    under its own package (no ``# @package _global_`` on its first line)."""
+    found = re.match(r"In '([\w/.-]+)': Could not override '[\w.]+@", message)
+    if found is None:
+        return ""
+    return (
+        f" ({found.group(1)}.yaml sets other groups: its first line must be '# @package _global_'; "
+        "Hydra ignores a package line below any other line, a comment included)"
+    )
 
 
 def missing_key(full_key: str, culprit: list[str], others: list[str], compose: Compose) -> str | None:

@@ -19,7 +19,7 @@ AT_LEAST_1 = {"at_least": 1}
 
 @dataclass
 class RunConfig:
-    """The top level of lmtrain/conf/train.yaml: the parts (data, model, ...) and the run's own keys."""
+    """The top level of conf/train.yaml: the parts (data, model, ...) and the run's own keys."""
 
     seed: int = 1234
     ckpt_path: str | None = None
@@ -27,6 +27,7 @@ class RunConfig:
     name: str | int | float | None = None
     run_dir: str = "???"
     checkpoint_every_n_steps: int = field(default=500, metadata=AT_LEAST_1)
+    checkpoint_every_minutes: float = field(default=5.0, metadata={"above": 0})
     loss_reduction: str = field(default="sum", metadata={"choices": ("mean", "sum")})
     test_after_fit: bool = True
     max_train_seconds: float | None = field(default=None, metadata={"above": 0})

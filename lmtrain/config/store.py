@@ -12,9 +12,10 @@ from pathlib import Path
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
+import lmtrain
 from lmtrain.config import parts, strategies
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"  # the Hydra config tree, shipped as package data
+CONF_DIR = lmtrain.CONF_DIR  # the Hydra config tree: conf/ of the repository, shipped in the wheel as lmtrain/conf
 GROUPS = ("data", "model", "sampler", "output", "optim", "trainer", "logger", "experiment")
 
 
@@ -46,7 +47,7 @@ def register() -> None:
 
 
 def compose_config(overrides: list[str], config_dir: Path | None = None) -> DictConfig:
-    """lmtrain/conf/train.yaml composed with ``overrides`` outside a Hydra app (scripts, tools, tests) and checked
+    """conf/train.yaml composed with ``overrides`` outside a Hydra app (scripts, tools, tests) and checked
     (``lmtrain.config.validate``); ``config_dir`` is a user's config folder searched as well. Raises ConfigError."""
     from lmtrain.config.preflight import compose_checked
 

@@ -77,7 +77,7 @@ def node_problems(node: DictConfig, path: str) -> Iterator[str]:
                 yield f"{full} is set by lmtrain from the data and the model; remove it"
             elif key not in extra:
                 present = [str(k) for k in node if str(k) in fields]
-                yield unknown_key(full, sorted({*fields, *extra}), owner or "the top level", present)
+                yield unknown_key(full, sorted({*fields, *extra}), owner or "the top level", present if extra else None)
             continue
         value = value_at(node, key)
         if value is not UNRESOLVED:

@@ -10,7 +10,7 @@
     python -m lmtrain.study --docs                        refresh the tables quoted in docs/results.md
     python -m lmtrain.study --check                       exit 1 if a committed table differs from its rendering
 
-NAME is a study of the package (lmtrain/studies/NAME.yaml) or the path of a user's own study YAML file.
+NAME is a study of the package (conf/study/NAME.yaml) or the path of a user's own study YAML file.
 Records go to ROOT/NAME/records.jsonl (``--root``, default docs/study), run folders to runs/study/NAME. A run
 that another study's record already measured (same resolved config, paths aside, same device kind) takes a copy of
 that record instead of training (``--no-reuse``: train it anyway).

@@ -1,6 +1,6 @@
 """A study's declaration: the runs of its grid (cells x seeds), the metric it reports, how it is compared and drawn.
 
-A study is a YAML file (the package's own in ``lmtrain/studies/``, or any file a user passes by path)::
+A study is a YAML file (the package's own in ``conf/study/``, or any file a user passes by path)::
 
     description: every strategy at m = 100, 1,000 PTB steps
     overrides: [experiment=ptb_study]      # given to every run
@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from lmtrain import CONF_DIR
 
 METRICS = ("test/ppl", "val/ppl")
 
@@ -166,9 +167,8 @@ def load_spec(path: Path) -> StudySpec:
 
 
 def package_studies() -> dict[str, Path]:
-    """The studies that ship with lmtrain, by name."""
-    folder = resources.files("lmtrain") / "studies"
-    return {Path(p.name).stem: Path(str(p)) for p in folder.iterdir() if p.name.endswith(".yaml")}
+    """The studies that ship with lmtrain (``conf/study/NAME.yaml``), by name."""
+    return {path.stem: path for path in (CONF_DIR / "study").glob("*.yaml")}
 
 
 def find_spec(name_or_path: str) -> StudySpec:

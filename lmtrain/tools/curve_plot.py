@@ -15,15 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from lmtrain.tools.curves import AXES, Panel, curve_panels, group_by_seed, load_runs
-from lmtrain.tools.plots import pyplot, save_figure
+from lmtrain.tools.plots import plain_log_ticks, pyplot, save_figure, single_points_ticks
 
 
 def draw(panels: list[Panel], title: str) -> Any:
     """A matplotlib figure of ``panels`` (Agg backend): the validation panels in the first row, the training panels
     in the second; the caller saves or inspects and closes it."""
     plt = pyplot()
-    from matplotlib.ticker import LogFormatter
-
     rows = [[p for p in panels if p.title.startswith("validation")], [p for p in panels if p.title.startswith("train")]]
     rows = [row for row in rows if row]
     columns = max(len(row) for row in rows)
@@ -35,20 +33,26 @@ def draw(panels: list[Panel], title: str) -> Any:
         for ax, panel in zip(row_axes, row, strict=False):
             for line in panel.lines:
                 color = f"C{line.group % 10}"
-                marker = "o" if panel.title.startswith("validation") else None
-                (drawn,) = ax.plot(line.x, line.y, color=color, marker=marker, ms=3, lw=1.3, label=line.label)
+                single = len(line.x) == 1  # one validation: a marker big enough to see, its seeds' range as a bar
+                marker = "o" if single or panel.title.startswith("validation") else None
+                (drawn,) = ax.plot(
+                    line.x, line.y, color=color, marker=marker, ms=7 if single else 3, lw=1.3, label=line.label
+                )
                 if line.low is not None and line.high is not None:
-                    ax.fill_between(line.x, line.low, line.high, color=color, alpha=0.2, lw=0)
+                    if single:
+                        ax.vlines(line.x, line.low, line.high, color=color, lw=2.5, alpha=0.4)
+                    else:
+                        ax.fill_between(line.x, line.low, line.high, color=color, alpha=0.2, lw=0)
                 handles.setdefault(line.label, drawn)
             ax.set(title=panel.title, xlabel=panel.xlabel, ylabel=panel.ylabel, yscale=panel.yscale)
-            if panel.yscale == "log":  # plain numbers (88, 90, 200), minor ticks labelled on a short range
-                ax.yaxis.set_major_formatter(LogFormatter(labelOnlyBase=False))
-                ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
+            plain_log_ticks(ax)
+            if all(len(line.x) == 1 for line in panel.lines):
+                single_points_ticks(ax, [line.x[0] for line in panel.lines])
             ax.grid(True, which="both", alpha=0.3)
     if handles:
         fig.legend(list(handles.values()), list(handles), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
     banded = any(line.low is not None for panel in panels for line in panel.lines)
-    fig.suptitle(title + ("  (line: mean over seeds, band: min to max)" if banded else ""))
+    fig.suptitle(title + ("  (line: mean over seeds, band or bar: min to max)" if banded else ""))
     return fig
 
 

@@ -3,7 +3,7 @@
     python -m lmtrain.diagnose ckpt_path=RUN/checkpoints/best-12.ckpt sampler=uniform,rff output.num_samples=10,100
 
 For ``positions`` held-out positions (validation split, after carrying the LSTM state through ``windows``
-windows), each proposal q named in ``sampler=`` (lmtrain/conf/sampler/*.yaml; ``sampler.KEY=VALUE`` sets an option of
+windows), each proposal q named in ``sampler=`` (conf/sampler/*.yaml; ``sampler.KEY=VALUE`` sets an option of
 the samplers that have it) is attached to the checkpoint's output layer and, for each m in
 ``output.num_samples=``, ``draws`` sampled gradients per position give the relative bias (lmtrain.tools.estimator_bias).
 A full-softmax checkpoint is diagnosed as the sampled softmax of the same logits. Writes diagnose.json,

@@ -14,7 +14,8 @@ log = logging.getLogger("lmtrain")
 
 class EpochSummary(L.Callback):
     """Logs one readable line per validation: epoch (from 0, as everywhere), steps done, exact val perplexity,
-    mean training loss since the previous validation, lr and throughput."""
+    mean training loss since the previous validation, lr and throughput (the last logging window's, and the run's
+    mean)."""
 
     def on_validation_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         if trainer.sanity_checking:
@@ -31,6 +32,9 @@ class EpochSummary(L.Callback):
         for key, fmt in (("lr", "{:.4g}"), ("tokens_per_sec", "{:,.0f}")):
             if key in m:
                 parts.append(f"{key} " + fmt.format(float(m[key])))
+        mean = module.mean_tokens_per_sec() if hasattr(module, "mean_tokens_per_sec") else None
+        if mean is not None:  # the last window's rate above, the run's mean here
+            parts.append(f"mean tokens_per_sec {mean:,.0f}")
         log.info(" | ".join(parts))
 
 

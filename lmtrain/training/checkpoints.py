@@ -103,19 +103,26 @@ def find_last(run_dir: Path, search_root: Path, overrides: list[str]) -> Path:
     own = run_dir / "checkpoints" / "last.ckpt"
     if own.is_file():
         return own
-    wanted = sorted(o for o in overrides if not o.startswith(("ckpt_path=", "hydra.")))
-    candidates = []
-    for ckpt in search_root.glob("**/checkpoints/last.ckpt"):
-        saved = ckpt.parent.parent / ".hydra" / "overrides.yaml"
-        if saved.is_file():
-            previous = sorted(
-                o for o in (yaml.safe_load(saved.read_text()) or []) if not o.startswith(("ckpt_path=", "hydra."))
-            )
-            if previous == wanted:
-                candidates.append(ckpt)
-    if not candidates:
+    found = newest_last(search_root, overrides)
+    if found is None:
+        wanted = run_overrides(overrides)
         raise CheckpointError(
             f"ckpt_path=last: no last.ckpt in {run_dir} nor in any run under {search_root} with the overrides "
             f"{wanted}; pass ckpt_path=PATH/TO/last.ckpt"
         )
-    return max(candidates, key=lambda p: p.stat().st_mtime)
+    return found
+
+
+def run_overrides(overrides: list[str]) -> list[str]:
+    """The overrides that define a run (sorted): neither ``ckpt_path`` nor Hydra's own."""
+    return sorted(o for o in overrides if not o.lstrip("+~").startswith(("ckpt_path=", "hydra.")))
+
+
+def newest_last(search_root: Path, overrides: list[str]) -> Path | None:
+    """The newest last.ckpt under ``search_root`` whose run had the same ``overrides`` (its .hydra/overrides.yaml)."""
+    wanted, candidates = run_overrides(overrides), []
+    for ckpt in search_root.glob("**/checkpoints/last.ckpt"):
+        saved = ckpt.parent.parent / ".hydra" / "overrides.yaml"
+        if saved.is_file() and run_overrides(yaml.safe_load(saved.read_text()) or []) == wanted:
+            candidates.append(ckpt)
+    return max(candidates, key=lambda p: p.stat().st_mtime) if candidates else None

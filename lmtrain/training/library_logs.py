@@ -12,6 +12,8 @@
   evaluation sums of all ranks itself before it logs them.
 - "Checkpoint directory ... exists and is not empty": lmtrain resumes into its own run folder on purpose (and
   refuses a folder with checkpoints unless resuming).
+- "The dirpath has changed from ...": a checkpoint resumed into a new run folder; lmtrain's own line says which
+  folder the run goes on in and how to continue in the old one instead.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ WARNINGS = (
     (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning),
     (r"torch\.distributed\.nn\.functional\.all_gather is deprecated", FutureWarning),  # Lightning's all_gather
     (r"Checkpoint directory .* exists and is not empty", UserWarning),
+    (r"The dirpath has changed from", UserWarning),  # a resume into a new folder: lmtrain says so in its own line
     # under DDP: the evaluation sums are reduced across ranks by lmtrain before they are logged
     (r"It is recommended to use `self\.log\('((val|test)/(loss|ppl)|epoch|step)', \.\.\., sync_dist", UserWarning),
 )

@@ -101,6 +101,14 @@ def prepare_resume(ckpt: Path, signature: dict[str, Any], run_dir: Path) -> str 
         run_dir.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(previous_csv, run_dir / "metrics.csv")
     log.info("resuming from %s", ckpt)
+    if ckpt.parent.name == "checkpoints" and ckpt.parent.parent != run_dir:
+        log.info(
+            "the run goes on in the new folder %s (its metrics.csv copied there, the same W&B run), not in %s: "
+            "its best checkpoint so far stays there; hydra.run.dir=%s ckpt_path=last goes on in that folder",
+            shown_path(run_dir),
+            shown_path(ckpt.parent.parent),
+            shown_path(ckpt.parent.parent),
+        )
     return saved["lmtrain"].get("wandb_id")
 
 

@@ -23,6 +23,7 @@ class StepMetrics(L.LightningModule):
         self._trained: tuple[int, int] | None = None  # (epoch, step) of the last training step: labels the test row
         self.train_seconds = 0.0  # time in training so far, validation and its checkpoints left out (resumed too)
         self._segment: float | None = None  # when the current stretch of training started
+        self._run_tokens, self._run_from = 0, 0.0  # this session's training tokens, training_seconds() at its start
 
     def _record_step(self, loss: Tensor, value: float, tokens: int, loss_is_nll: bool) -> None:
         """Write one training step's metrics: train/loss at every step, and perplexity (when the loss is the exact
@@ -39,6 +40,7 @@ class StepMetrics(L.LightningModule):
         epoch, step = self.current_epoch, self.global_step
         self._trained = (epoch, step)
         self._tokens += tokens
+        self._run_tokens += tokens
         trainer = self.trainer
         metrics = {"train/loss": host_scalar(value, loss.dtype)}
         interval = trainer.log_every_n_steps
@@ -79,7 +81,14 @@ class StepMetrics(L.LightningModule):
         running = time.perf_counter() - self._segment if self._segment is not None else 0.0
         return self.train_seconds + running
 
+    def mean_tokens_per_sec(self) -> float | None:
+        """Training tokens per second over this session's training so far (validation left out), None before a
+        step: the run's mean, beside ``tokens_per_sec`` (the last ``log_every_n_steps`` window)."""
+        seconds = self.training_seconds() - self._run_from
+        return self._run_tokens / seconds if self._run_tokens and seconds > 0 else None
+
     def on_train_start(self) -> None:
+        self._run_tokens, self._run_from = 0, self.training_seconds()
         self._segment = time.perf_counter()
 
     def on_train_end(self) -> None:

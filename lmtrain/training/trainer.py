@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import lightning as L
@@ -30,7 +31,8 @@ def prepare_process(cfg: DictConfig) -> None:
 
 
 def build_callbacks(cfg: DictConfig, ckpt_dir: Path, resume: str) -> list[L.Callback]:
-    """The best checkpoint by val/ppl first (``train`` reads it back), the periodic last.ckpt, lmtrain's callbacks
+    """The best checkpoint by val/ppl first (``train`` reads it back), the periodic last.ckpt (by steps and by
+    minutes), lmtrain's callbacks
     (a signal writes last.ckpt too; ``resume``: the command that resumes it) and the configured ones
     (``callbacks.NAME._target_``)."""
     return [
@@ -46,6 +48,13 @@ def build_callbacks(cfg: DictConfig, ckpt_dir: Path, resume: str) -> list[L.Call
         ModelCheckpoint(
             dirpath=ckpt_dir,
             every_n_train_steps=cfg.checkpoint_every_n_steps,
+            save_top_k=0,
+            save_last=True,
+            enable_version_counter=False,
+        ),
+        ModelCheckpoint(  # by time as well: a short run killed before its first periodic step is resumable too
+            dirpath=ckpt_dir,
+            train_time_interval=timedelta(minutes=cfg.checkpoint_every_minutes),
             save_top_k=0,
             save_last=True,
             enable_version_counter=False,
