@@ -34,7 +34,8 @@ def test_the_quick_cpu_run_writes_every_cell_the_goals_and_the_table(bench_gpu, 
     assert record["kind"] == "bench_gpu" and record["quick"] and record["environment"]["device_type"] == "cpu"
     assert record["settings"]["classes"] == {"synthetic:300": 300}
     cells = {(c["precision"], c["strategy"]): c for c in record["cells"]}
-    assert set(cells) == {(p, s) for p in ("32-true", "bf16-mixed") for s in ("full", "rff", "broken", "plain loop")}
+    strategies = ("full", "full chunked", "full dense", "rff", "broken", "plain loop")  # full's two paths side by side
+    assert set(cells) == {(p, s) for p in ("32-true", "bf16-mixed") for s in strategies}
     for (precision, strategy), cell in cells.items():
         if strategy == "broken":
             assert cell["status"] == "error" and "num_samples" in cell["reason"] and not cell["tokens_per_sec"]

@@ -31,6 +31,22 @@ class Proposal:
         """Exact log q of ``ids``: (N, k) per position, any shape for a shared proposal."""
         raise NotImplementedError
 
+    def expect(self, ids: Tensor) -> None:
+        """``ids`` whose ``log_q`` will be asked for after ``sample`` (a step's targets, (N, 1)): a proposal may
+        compute it together with its draws' (fewer operators: ``remember``) and return it from ``known_log_q``."""
+        self._expected, self._expected_log_q = ids, None
+
+    def remember(self, log_q: Tensor) -> None:
+        """Keep ``log_q`` of the expected ids, computed with the draws."""
+        self._expected_log_q = log_q
+
+    def known_log_q(self, ids: Tensor) -> Tensor | None:
+        """The log q of ``ids`` kept by ``remember`` when they are the expected ids (the same tensor), else None."""
+        known, log_q = getattr(self, "_expected", None), getattr(self, "_expected_log_q", None)
+        if log_q is None or known is None or ids.shape != known.shape or ids.data_ptr() != known.data_ptr():
+            return None
+        return log_q
+
 
 class BoundProposal(Proposal):
     """A sampler with this step's context bound: its queries (N, d') and input tokens (N,). The default of

@@ -169,6 +169,7 @@ class SampledOutput(OutputLayer):
         once."""
         query = self.query(hidden)  # (N, d')
         proposal = self.propose(query, inputs)
+        proposal.expect(target.unsqueeze(1))  # the targets' log q may come with the draws' (target_log_q)
         ids, log_q, tries = self.draw(hidden, inputs, proposal)
         target_score, noise_score = self.query_scores(query, target.unsqueeze(1)), self.query_scores(query, ids)
         return Draw(query, proposal, ids, log_q, tries, target_score, noise_score)

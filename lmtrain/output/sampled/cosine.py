@@ -28,6 +28,7 @@ class CosineSampledSoftmax(SampledSoftmax):
 
     Options: ClassVar[type[CosineOptions]] = CosineOptions
     options: CosineOptions
+    _unit: tuple[Tensor, Tensor] | None = None  # the GPU paths' last (query, unit(query)), reused within a step
 
     @property
     def tau(self) -> float:
@@ -39,13 +40,22 @@ class CosineSampledSoftmax(SampledSoftmax):
         """The soft normalization of the hidden state (``options.norm_eps``; 0: exact h / |h|)."""
         return float(self.options.norm_eps)
 
+    def unit(self, query: Tensor) -> Tensor:
+        """The query normalized softly (``norm_eps``) or exactly, (N, d)."""
+        eps = self.norm_eps
+        if eps > 0:
+            return query * torch.rsqrt(query.square().sum(-1, keepdim=True) + eps**2)  # (N, d), |.| < 1
+        return F.normalize(query, dim=-1)
+
     def score(self, query: Tensor, rows: Tensor) -> Tensor:
         # divide the dot products by the row norms instead of normalizing the (N, k, d) gathered rows
-        eps, tau = self.norm_eps, self.tau
-        if eps > 0:
-            unit = query * torch.rsqrt(query.square().sum(-1, keepdim=True) + eps**2)  # (N, d), |.| < 1
+        tau = self.tau
+        if self.gpu_paths:  # a step scores its targets and its negatives with one query: normalize it once
+            known = self._unit
+            unit = known[1] if known is not None and known[0] is query else self.unit(query)
+            self._unit = (query, unit) if query.requires_grad or unit.requires_grad else None
         else:
-            unit = F.normalize(query, dim=-1)
+            unit = self.unit(query)
         dots = super().score(unit, rows)  # (N, k)
         return tau * dots / rows.norm(dim=-1).clamp_min(1e-12)  # norms (k,) or (N, k)
 

@@ -31,6 +31,10 @@ class FeatureMap(nn.Module):
         """(..., d) -> (..., d) vectors on which the kernel is a function of the dot product."""
         return x
 
+    def of_prepared(self, prepared: Tensor) -> Tensor:
+        """phi(x) from ``prepare(x)`` (the caller has it already): the same features, fewer operators."""
+        return self(prepared)
+
     def log_kernel_dot(self, dot: Tensor) -> Tensor:
         """log K(a, b) from the dot product of prepared a and b (any shape, elementwise)."""
         raise NotImplementedError
@@ -212,15 +216,19 @@ class RandomFourierFeatures(FeatureMap):
     def log_kernel_dot(self, dot: Tensor) -> Tensor:
         return self.nu * (dot - 1.0)
 
-    def project(self, x: Tensor) -> Tensor:
-        """Omega x / |x| (..., D), in float32 or from bfloat16 inputs (``projection``)."""
+    def project(self, x: Tensor, prepared: bool = False) -> Tensor:
+        """Omega x / |x| (..., D), in float32 or from bfloat16 inputs (``projection``); ``prepared``: x is x / |x|."""
         omega = self.frequencies(x.shape[-1])
+        unit = x if prepared else self.prepare(x)
         if self.projection == "bfloat16":
-            return (self.prepare(x).bfloat16() @ omega.bfloat16().T).to(x.dtype)
-        return self.prepare(x) @ omega.to(x.dtype).T
+            return (unit.bfloat16() @ omega.bfloat16().T).to(x.dtype)
+        return unit @ omega.to(x.dtype).T
 
-    def forward(self, x: Tensor) -> Tensor:
-        proj = self.project(x)  # (..., D)
+    def of_prepared(self, prepared: Tensor) -> Tensor:
+        return self.forward(prepared, prepared=True)
+
+    def forward(self, x: Tensor, prepared: bool = False) -> Tensor:
+        proj = self.project(x, prepared)  # (..., D)
         # cos and sin written in place, then one in-place scale: fewer passes over the (..., 2D) output (and no
         # temporaries) than cat + divide, which matters on big inputs (docs/architecture.md, measured design choices)
         out = proj.new_empty(*proj.shape[:-1], 2 * self.num_frequencies)

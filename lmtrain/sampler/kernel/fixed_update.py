@@ -8,14 +8,13 @@ Here every shape is known before the step:
   repeated rows masked (sorted, first occurrence kept) instead of removed; when a step names at least n rows, all n
   rows go through with the unchanged ones masked, which is cheaper than the duplicates;
 - float drift is bounded as on the CPU path (a bucket is recomputed from the cache after at most ``refresh``
-  updates), by recomputing a fixed slice of B / refresh buckets at every update, in turn;
+  updates), by recomputing every leaf from the cache at every ``refresh``-th update (n F reads, once in a while);
 - without a cache (quadratic), every leaf is recomputed from the weights: one batched product per block, exact;
 - then every level is re-summed from its children (one addition per level).
 """
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -26,12 +25,12 @@ if TYPE_CHECKING:
 
 
 class FixedUpdate:
-    """``TreeStore.update`` for the GPU paths (see the module docstring); ``cursor`` is the first bucket of the next
-    slice recomputed from the cache."""
+    """``TreeStore.update`` for the GPU paths (see the module docstring); ``updates`` counts them since the leaves
+    were last recomputed from the cache."""
 
     def __init__(self, store: TreeStore) -> None:
         self.store = store
-        self.cursor = 0
+        self.updates = 0
 
     def update(self, weight: Tensor, rows: Tensor) -> None:
         """Bring the tree up to ``weight`` (n, d) after the rows ``rows`` (R,) changed (repeats allowed)."""
@@ -41,7 +40,10 @@ class FixedUpdate:
             return
         if store.cache.active:
             self._add_cached_deltas(weight, rows)
-            self._refresh_slice()
+            self.updates += 1
+            if self.updates >= store.refresh:  # refresh 0: every time
+                store.set_leaves(torch.arange(store.num_buckets, device=weight.device))
+                self.updates = 0
         else:
             store.set_leaves(torch.arange(store.num_buckets, device=weight.device))
         store.resum_levels(store.nodes)
@@ -64,12 +66,3 @@ class FixedUpdate:
         leaf = torch.div(rows, store.bucket_size, rounding_mode="floor") + (store.num_buckets - 1)  # (R,)
         store.nodes.index_add_(0, leaf, delta)
         cache.table.index_copy_(0, rows, new)  # repeats of a row write the same values
-
-    def _refresh_slice(self) -> None:
-        """Recompute ceil(B / refresh) leaves from the cache (all of them for refresh 0), the next in turn."""
-        store = self.store
-        buckets = store.num_buckets
-        count = buckets if store.refresh == 0 else min(buckets, math.ceil(buckets / store.refresh))
-        chosen = (torch.arange(count, device=store.nodes.device) + self.cursor) % buckets  # (c,)
-        self.cursor = (self.cursor + count) % buckets
-        store.set_leaves(chosen)

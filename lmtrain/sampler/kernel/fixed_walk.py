@@ -25,10 +25,11 @@ from torch import Tensor
 
 from lmtrain.sampler.kernel.store import TreeStore
 
-# levels each walker descends by gathers; the levels above are scored for all of their nodes by one product.
-# Five balances the two costs at n = 10^6 (N = 700 queries, F = 2048): the product reads 2^13 node rows per query,
-# the gathers 5 x 2 node rows per walker, 100 walkers per query. Chosen, not yet timed on a GPU.
-WALKED_LEVELS = 5
+# levels each walker descends by gathers; the levels above are scored for all of their nodes by one product. At
+# n = 10^6 (N = 700 queries, F = 2048, depth 17) four levels make that product N x 2^14 x F (47 GFLOP, a twentieth
+# of the full softmax's step) against 4 x 2 node rows gathered per walker, 100 walkers per query. Chosen by that
+# count, not yet timed on a GPU (scripts/bench_gpu.py).
+WALKED_LEVELS = 4
 
 
 class FixedWalk:
@@ -76,8 +77,8 @@ class FixedWalk:
         n_query, feats = phi.shape
         store, level = self.store, self.top
         cdf = top.exp().cumsum(1)  # (N, 2^t)
-        total = cdf[:, -1:]
-        target = torch.minimum(torch.rand(n_query, k, device=phi.device) * total, total.nextafter(total.new_zeros(())))
+        below = cdf[:, -1:] * (1 - 2.0**-23)  # (N, 1) strictly below the total: a draw never passes the last node
+        target = torch.rand(n_query, k, device=phi.device) * below  # (N, k) uniform in [0, total)
         start = torch.searchsorted(cdf, target, right=True)  # (N, k): first node whose cdf exceeds the target
         log_path = top.gather(1, start).view(-1)  # (W,)
         pos = start.view(-1) + ((1 << level) - 1)  # (W,) heap index of each walker's node

@@ -13,9 +13,11 @@ from lmtrain.sampler.kernel.store import TreeStore
 
 
 class FixedStep(NamedTuple):
-    """What a step's draws and log q share, computed once per step: the queries' reach of the top levels
-    (``FixedWalk.top_reach``, (N, 2^t)) and, per example, the queries as the kernel reads them (``prepare``)."""
+    """What a step's draws and log q share, computed once per step: the queries' features phi (N, F), their reach
+    of the top levels (``FixedWalk.top_reach``, (N, 2^t)) and, per example, the queries as the kernel reads them
+    (``prepare``)."""
 
+    phi: Tensor
     top: Tensor
     prepared: Tensor | None = None
 
@@ -32,7 +34,7 @@ class FixedDraws:
 
     def step(self, phi: Tensor, prepared: Tensor | None = None) -> FixedStep:
         """The ``FixedStep`` of queries phi (N, F) (and their ``prepared`` form, per example)."""
-        return FixedStep(self.walk.top_reach(phi), prepared)
+        return FixedStep(phi, self.walk.top_reach(phi), prepared)
 
     @staticmethod
     def pick(log_weights: Tensor, ids: Tensor) -> tuple[Tensor, Tensor]:

@@ -26,7 +26,7 @@ class KernelProposal(Proposal):
     def phi(self) -> Tensor:
         """The queries' features (N, F), computed at the first use."""
         if self._phi is None:
-            self._phi = self.tree.features(self.query)
+            self._phi = self.tree.features(self.query) if self.fixed is None else self.fixed.phi
         return self._phi
 
     @property
@@ -34,7 +34,7 @@ class KernelProposal(Proposal):
         """On the GPU paths, what the step's draws and log q share (``KernelTree.fixed_step``), computed at the
         first use; None on a CPU."""
         if self._fixed is None:
-            self._fixed = self.tree.fixed_step(self.phi, self.query)
+            self._fixed = self.tree.fixed_step(self.query)
         return self._fixed
 
     def sample(self, num_samples: int) -> tuple[Tensor, Tensor]:
@@ -50,10 +50,20 @@ class KernelProposal(Proposal):
         if not num_unigram:
             return ids, log_q
         extra = mix.draw(query.shape[0], num_unigram)  # (N, m_u)
+        expected = getattr(self, "_expected", None)
+        if self.fixed is not None and expected is not None:  # GPU paths: the targets' log q comes along
+            asked = torch.cat([extra, expected], 1)  # (N, m_u + 1)
+            ids = torch.cat([ids, asked], 1)  # (N, m + 1)
+            log_q = mix.mix(torch.cat([log_q, tree.log_q(query, asked, self.phi, self.fixed)], 1), ids)
+            self.remember(log_q[:, num_samples:])  # (N, 1)
+            return ids[:, :num_samples], log_q[:, :num_samples]
         ids = torch.cat([ids, extra], 1)  # (N, m)
         return ids, mix.mix(torch.cat([log_q, tree.log_q_many(query, extra, self.phi, self.fixed)], 1), ids)
 
     def log_q(self, ids: Tensor) -> Tensor:
+        known = self.known_log_q(ids)  # computed with the draws
+        if known is not None:
+            return known
         log_q = self.tree.log_q(self.query, ids, self.phi, self.fixed)  # (N, k)
         return log_q if self.unigram is None else self.unigram.mix(log_q, ids)
 
@@ -73,7 +83,7 @@ class MixtureProposal(Proposal):
         self.tree, self.unigram = tree, unigram
         self.psi = tree.mixture(query)  # (F,)
         self.scores = tree.bucket_scores(self.psi)
-        self.fixed = tree.fixed_step(self.psi.unsqueeze(0))  # on the GPU paths, else None
+        self.fixed = tree.fixed_step(phi=self.psi.unsqueeze(0))  # on the GPU paths, else None
 
     def sample(self, num_samples: int) -> tuple[Tensor, Tensor]:
         tree, psi, mix = self.tree, self.psi, self.unigram
@@ -82,10 +92,20 @@ class MixtureProposal(Proposal):
         if not num_unigram:  # no unigram share, or m too small for one unigram draw
             return ids, log_q
         extra = mix.draw(num_unigram)  # (m_u,)
+        expected = getattr(self, "_expected", None)
+        if self.fixed is not None and expected is not None:  # GPU paths: the targets' log q comes along
+            asked = torch.cat([extra, expected.reshape(-1)])  # (m_u + N,)
+            ids = torch.cat([ids, asked])  # (m + N,)
+            log_q = mix.mix(torch.cat([log_q, tree.log_q_mixture(psi, asked, self.scores, self.fixed)]), ids)
+            self.remember(log_q[num_samples:].view(expected.shape))
+            return ids[:num_samples], log_q[:num_samples]
         ids = torch.cat([ids, extra])  # (m,)
         return ids, mix.mix(torch.cat([log_q, tree.log_q_mixture(psi, extra, self.scores, self.fixed)]), ids)
 
     def log_q(self, ids: Tensor) -> Tensor:
+        known = self.known_log_q(ids)  # computed with the draws
+        if known is not None:
+            return known
         log_q = self.tree.log_q_mixture(self.psi, ids, self.scores, self.fixed)  # ids' shape
         return log_q if self.unigram is None else self.unigram.mix(log_q, ids)
 

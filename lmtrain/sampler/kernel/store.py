@@ -76,6 +76,7 @@ class TreeStore(DeviceAware, nn.Module):
         self.register_buffer("floor", torch.empty(0), persistent=False)  # (2B - 1,) eps or 0 (empty)
         self.register_buffer("previous", torch.empty(0), persistent=False)  # (n, d) the rows the leaves hold
         self.register_buffer("deltas", torch.empty(0), persistent=False)  # (B,) delta updates since a recompute
+        self.slots = torch.arange(0)  # (L,) 0..L-1, the slots of a bucket (made once per bucket size and device)
         self.fixed_update = FixedUpdate(self)  # the GPU paths' update (not a module: it holds no tensors)
 
     @property
@@ -208,7 +209,10 @@ class TreeStore(DeviceAware, nn.Module):
     # --- what the walks and the scorings read --------------------------------------------------------
     def member_ids(self, buckets: Tensor) -> Tensor:
         """Class ids (..., L) of the slots of ``buckets`` (...); ids >= n are the padding of the last buckets."""
-        return buckets.unsqueeze(-1) * self.bucket_size + torch.arange(self.bucket_size, device=buckets.device)
+        slots = self.slots
+        if slots.numel() != self.bucket_size or slots.device != buckets.device:
+            self.slots = slots = torch.arange(self.bucket_size, device=buckets.device)  # (L,), kept: one launch less
+        return buckets.unsqueeze(-1) * self.bucket_size + slots  # (..., L)
 
     def members(self, buckets: Tensor) -> tuple[Tensor, Tensor]:
         """Rows (..., L, d) of the classes in ``buckets`` (...) and their validity mask (..., L)."""

@@ -67,12 +67,16 @@ class KernelTree(DeviceAware, nn.Module):
         self.scorer = BucketScorer(features, self.store, self.walk)
         self.fixed = FixedDraws(self.store, self.scorer)
 
-    def fixed_step(self, phi: Tensor, query: Tensor | None = None) -> FixedStep | None:
-        """On the GPU paths, what a step's draws and log q share (``FixedStep``: the reach of the top levels for
-        queries phi (N, F), and the ``query`` (N, d) prepared for the kernel); None on a CPU."""
+    def fixed_step(self, query: Tensor | None = None, phi: Tensor | None = None) -> FixedStep | None:
+        """On the GPU paths, what a step's draws and log q share (``FixedStep``): for the queries (N, d) their
+        kernel form, features and reach of the top levels, or for features ``phi`` (1, F) (a mixture's psi) the
+        reach; None on a CPU."""
         if not self.gpu_paths:
             return None
-        return self.fixed.step(phi, None if query is None else self.features.prepare(query))
+        if query is None:
+            return self.fixed.step(phi)
+        prepared = self.features.prepare(query)
+        return self.fixed.step(self.features.of_prepared(prepared), prepared)
 
     # --- the store: building and the shape of the tree --------------------------------------------
     def rebuild(self, weight: Tensor) -> None:

@@ -1,0 +1,52 @@
+"""The GPU paths (``execution=gpu``) against the CPU paths on the same tree: the same log q for the same ids, the
+targets' log q computed with the draws equal to the one computed alone, and a training step that learns alike."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lmtrain.execution import Execution, resolve_execution, set_execution
+from lmtrain.sampler import QuadraticSampler, RFFSampler
+from lmtrain.tools.launches import synthetic_counts
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def sampler(kind: str, shared: bool, n: int = 300, d: int = 6):
+    counts = synthetic_counts(n)
+    options = {"unigram_share": 0.25, "num_classes": n, "counts": counts}
+    made = RFFSampler(D=32, leaf_size=4, **options) if kind == "rff" else QuadraticSampler(leaf_size=4, **options)
+    made.share_negatives(shared)
+    weight = 0.3 * torch.randn(n, d, generator=torch.Generator().manual_seed(0))
+    made.update(weight)
+    return made
+
+
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("kind", ["rff", "quadratic"])
+def test_gpu_paths_give_the_cpu_paths_log_q_and_keep_the_targets(kind, shared):
+    made = sampler(kind, shared)
+    gen = torch.Generator().manual_seed(1)
+    query = torch.randn(5, 6, generator=gen)
+    targets = torch.randint(0, 300, (5, 1), generator=gen)
+    others = torch.randint(0, 300, (5, 7), generator=gen)
+    cpu = made.propose(query)
+    expected_targets, expected_others = cpu.log_q(targets), cpu.log_q(others)
+
+    set_execution(made, Execution.gpu)
+    made.tree.fixed.walk.walked = 2  # a tree of 6 levels: 4 scored whole, 2 walked
+    gpu = made.propose(query)
+    torch.testing.assert_close(gpu.log_q(others), expected_others, rtol=1e-5, atol=1e-5)
+    gpu.expect(targets)
+    ids, log_q = gpu.sample(40)
+    torch.testing.assert_close(gpu.log_q(targets), expected_targets, rtol=1e-5, atol=1e-5)  # kept with the draws
+    set_execution(made, Execution.cpu)
+    cpu = made.propose(query)  # a CPU proposal of the same queries (a proposal follows its tree's paths)
+    torch.testing.assert_close(log_q, cpu.log_q(ids), rtol=1e-5, atol=1e-5)  # the draws' log q is the CPU path's
+
+
+def test_auto_follows_the_device():
+    assert resolve_execution("auto", "cpu") is Execution.cpu
+    assert resolve_execution("auto", "gpu") is Execution.gpu
+    assert resolve_execution("cpu", "gpu") is Execution.cpu
