@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmtrain.execution import Execution, resolve_execution, set_execution
+from lmtrain.common.execution import Execution, resolve_execution, set_execution
 from lmtrain.sampler import QuadraticSampler, RFFSampler
 from lmtrain.tools.launches import synthetic_counts
 

@@ -9,9 +9,9 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
+from lmtrain.common.execution import Execution
 from lmtrain.data.synthetic import SyntheticOptions
 from lmtrain.data.zipf_topics import ZipfTopicOptions
-from lmtrain.execution import Execution
 from lmtrain.training.optim import OptimOptions, torch_optimizer
 
 AT_LEAST_1 = {"at_least": 1}

@@ -7,7 +7,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from lmtrain.execution import DeviceAware
+from lmtrain.common.execution import DeviceAware
 from lmtrain.sampler.precision import in_float32, wrap_methods
 
 PAIRS_PER_CHUNK = 1 << 16  # (position, class) pairs per log_prob call in the default log_probs_all
@@ -21,7 +21,7 @@ class OutputLayer(DeviceAware, nn.Module):
     (a sampler tree) refresh it in ``after_optimizer_step``. ``loss`` also receives the input token at each
     position (the previous word), which the sampled strategies hand to a proposal conditioned on it.
 
-    ``gpu_paths`` (``lmtrain.execution``) selects the fixed-shape code paths where a strategy has two.
+    ``gpu_paths`` (``lmtrain.common.execution``) selects the fixed-shape code paths where a strategy has two.
 
     Under mixed precision (autocast) every subclass's ``log_prob``, ``log_probs_all`` and ``extra_metrics`` run in
     float32 (``lmtrain.sampler.precision``): exact evaluation never passes through bfloat16.

@@ -16,7 +16,7 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 
-from lmtrain.execution import resolve_execution, set_execution
+from lmtrain.common.execution import resolve_execution, set_execution
 from lmtrain.training.module import LanguageModel
 from lmtrain.training.optim import sparse_rows_match_dense
 

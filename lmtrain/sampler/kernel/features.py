@@ -13,10 +13,9 @@ from torch import Tensor, nn
 class FeatureMap(nn.Module):
     """A kernel K(a, b) = <phi(a), phi(b)> (exact or in expectation) that depends on a . b only.
 
-    ``prepare`` maps a raw vector to the space the kernel is defined on (identity, or unit norm);
-    ``log_kernel_dot`` is log K as a function of the dot product of two prepared vectors;
-    ``forward`` is phi, applied to raw vectors. A node of the kernel tree stores the sum of phi over
-    its classes, which ``node_sums`` computes bucket by bucket.
+    ``prepare`` maps a raw vector to the space the kernel is defined on (identity, or unit norm); ``log_kernel_dot``
+    is log K of the dot product of two prepared vectors; ``forward`` is phi of raw vectors (``of_prepared``: of
+    prepared ones). A tree node stores the sum of phi over its classes (``node_sums``, bucket by bucket).
 
     ``cache_pays``: whether keeping phi(w) of every class (``FeatureCache``) saves more than reading it costs.
     """
@@ -31,8 +30,7 @@ class FeatureMap(nn.Module):
         """(..., d) -> (..., d) vectors on which the kernel is a function of the dot product."""
         return x
 
-    def of_prepared(self, prepared: Tensor) -> Tensor:
-        """phi(x) from ``prepare(x)`` (the caller has it already): the same features, fewer operators."""
+    def of_prepared(self, prepared: Tensor) -> Tensor:  # the same features, fewer operators
         return self(prepared)
 
     def log_kernel_dot(self, dot: Tensor) -> Tensor:
@@ -158,12 +156,11 @@ class QuadraticFeatures(FeatureMap):
 class RandomFourierFeatures(FeatureMap):
     """Random Fourier features of the Gaussian kernel on unit vectors (Rawat et al. 2019).
 
-    ``D`` is the number of random frequencies: Omega (D, d) has rows ~ N(0, nu I) and
-    phi(u) = D^{-1/2} [cos(Omega u), sin(Omega u)] on u / |u| has 2 D entries, so that
-    E[phi(x) . phi(y)] = exp(-nu |x - y|^2 / 2) = exp(nu (cos(x, y) - 1)), proportional to
-    exp(nu cos). To match a feature dimension D' (2 D entries), use D = D' / 2.
-    Omega is drawn once from ``seed`` when the input size is first seen and is a persistent
-    buffer, so checkpoints carry it and a resumed run samples from the same features.
+    ``D`` is the number of random frequencies: Omega (D, d) has rows ~ N(0, nu I) and phi(u) = D^{-1/2}
+    [cos(Omega u), sin(Omega u)] on u / |u| has 2 D entries, so that E[phi(x) . phi(y)] = exp(-nu |x - y|^2 / 2)
+    = exp(nu (cos(x, y) - 1)), proportional to exp(nu cos). For a feature dimension D' (2 D entries), D = D' / 2.
+    Omega is drawn once from ``seed`` when the input size is first seen and is a persistent buffer, so checkpoints
+    carry it and a resumed run samples from the same features.
     ``projection="bfloat16"`` computes Omega u from bfloat16 copies of u and Omega (float32 accumulation and
     output), which pays only on CPUs with native bfloat16 products (AVX512-BF16): a slightly different feature
     map (bfloat16 rounds u and Omega to 8 significant bits, which moves the kernel estimates far less than their

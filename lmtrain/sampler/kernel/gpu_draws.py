@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from lmtrain.sampler.kernel.buckets import BucketScorer
+from lmtrain.sampler.kernel.features import FeatureMap
 from lmtrain.sampler.kernel.fixed_walk import FixedWalk
 from lmtrain.sampler.kernel.store import TreeStore
 
@@ -35,6 +36,14 @@ class FixedDraws:
     def step(self, phi: Tensor, prepared: Tensor | None = None) -> FixedStep:
         """The ``FixedStep`` of queries phi (N, F) (and their ``prepared`` form, per example)."""
         return FixedStep(phi, self.walk.top_reach(phi), prepared)
+
+    def step_of(self, features: FeatureMap, query: Tensor | None, phi: Tensor | None) -> FixedStep:
+        """The ``FixedStep`` of queries (N, d) (prepared once: their features come from the prepared form), or of
+        features ``phi`` (1, F) (a mixture's psi)."""
+        if query is None:
+            return self.step(phi)
+        prepared = features.prepare(query)
+        return self.step(features.of_prepared(prepared), prepared)
 
     @staticmethod
     def pick(log_weights: Tensor, ids: Tensor) -> tuple[Tensor, Tensor]:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from lmtrain.execution import DeviceAware
+from lmtrain.common.execution import DeviceAware
 from lmtrain.sampler.kernel.cache import FeatureCache
 from lmtrain.sampler.kernel.features import FeatureMap
 from lmtrain.sampler.kernel.fixed_update import FixedUpdate

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import time
-
 import torch
 from torch import Tensor, nn
 
-from lmtrain.execution import DeviceAware
+from lmtrain.common.execution import DeviceAware
 from lmtrain.sampler.kernel.buckets import BucketScorer, BucketScores
 from lmtrain.sampler.kernel.features import FeatureMap
 from lmtrain.sampler.kernel.gpu_draws import FixedDraws, FixedStep
@@ -45,7 +43,7 @@ class KernelTree(DeviceAware, nn.Module):
     ``phi`` (``features(query)``) when the caller has them already, the batch-shared ones a ``BucketScores`` of
     psi: a step's proposal (``lmtrain.sampler.kernel.proposal``) computes each once for its draws and its targets.
 
-    On the GPU paths (``gpu_paths``, ``lmtrain.execution``) the draws and log q of both modes go through
+    On the GPU paths (``gpu_paths``, ``lmtrain.common.execution``) the draws and log q of both modes go through
     ``FixedDraws`` (the same distributions in a fixed number of operators), which take the step's ``FixedStep``
     (``fixed_step``) as ``fixed``.
     """
@@ -71,12 +69,7 @@ class KernelTree(DeviceAware, nn.Module):
         """On the GPU paths, what a step's draws and log q share (``FixedStep``): for the queries (N, d) their
         kernel form, features and reach of the top levels, or for features ``phi`` (1, F) (a mixture's psi) the
         reach; None on a CPU."""
-        if not self.gpu_paths:
-            return None
-        if query is None:
-            return self.fixed.step(phi)
-        prepared = self.features.prepare(query)
-        return self.fixed.step(self.features.of_prepared(prepared), prepared)
+        return self.fixed.step_of(self.features, query, phi) if self.gpu_paths else None
 
     # --- the store: building and the shape of the tree --------------------------------------------
     def rebuild(self, weight: Tensor) -> None:
@@ -86,12 +79,6 @@ class KernelTree(DeviceAware, nn.Module):
     def update(self, weight: Tensor, rows: Tensor) -> None:
         """Bring the buckets holding the changed ``rows`` up to the current ``weight`` (``TreeStore.update``)."""
         self.store.update(weight, rows)
-
-    def timed_rebuild(self, weight: Tensor) -> float:
-        """rebuild(weight) and return the seconds it took."""
-        start = time.perf_counter()
-        self.rebuild(weight)
-        return time.perf_counter() - start
 
     @property
     def weight(self) -> Tensor | None:

@@ -1,0 +1,1 @@
+"""What every layer may use: the execution switch (CPU or GPU code paths)."""
