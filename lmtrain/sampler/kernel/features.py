@@ -161,11 +161,10 @@ class RandomFourierFeatures(FeatureMap):
     = exp(nu (cos(x, y) - 1)), proportional to exp(nu cos). For a feature dimension D' (2 D entries), D = D' / 2.
     Omega is drawn once from ``seed`` when the input size is first seen and is a persistent buffer, so checkpoints
     carry it and a resumed run samples from the same features.
-    ``projection="bfloat16"`` computes Omega u from bfloat16 copies of u and Omega (float32 accumulation and
-    output), which pays only on CPUs with native bfloat16 products (AVX512-BF16): a slightly different feature
-    map (bfloat16 rounds u and Omega to 8 significant bits, which moves the kernel estimates far less than their
-    own 1 / sqrt(D) noise; docs/strategies.md), used alike for queries and classes, so every q and log q is
-    exactly that of the tree walked.
+    ``projection="bfloat16"`` computes Omega u from bfloat16 copies of u and Omega (float32 sums and output), which
+    pays only on CPUs with native bfloat16 products (AVX512-BF16): a slightly different feature map (8 significant
+    bits move the kernel estimates far less than their own 1 / sqrt(D) noise; docs/strategies.md), used alike for
+    queries and classes, so every q and log q is exactly that of the tree walked.
     """
 
     def __init__(
