@@ -16,7 +16,6 @@ class FeatureMap(nn.Module):
     ``prepare`` maps a raw vector to the space the kernel is defined on (identity, or unit norm); ``log_kernel_dot``
     is log K of the dot product of two prepared vectors; ``forward`` is phi of raw vectors (``of_prepared``: of
     prepared ones). A tree node stores the sum of phi over its classes (``node_sums``, bucket by bucket).
-
     ``cache_pays``: whether keeping phi(w) of every class (``FeatureCache``) saves more than reading it costs.
     """
 
