@@ -20,7 +20,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 # dense_factor 0 forces per-walker gathers everywhere, a huge one forces one GEMM per level; "gpu" takes the GPU
 # paths (execution=gpu: FixedWalk with its top levels scored whole, FixedUpdate), with the top of a small tree
-PATHS = {"gather": 0, "dense": 10**9, "auto": 64, "gpu": 64}
+PATHS = {"gather": 0, "dense": 10**9, "auto": 64, "gpu": 0, "gpu_dense": 10**9}
 GPU_WALKED_LEVELS = 2  # the tests' trees have 3-6 levels: 2 walked, the rest scored whole by top_reach
 
 
@@ -41,7 +41,7 @@ def make_tree(
     """A tree whose small ``chunk`` makes sampling and building run in several memory blocks."""
     kw.setdefault("feature_cache", CACHE.get(kind, "auto"))
     tree = KernelTree(make_features(kind), leaf_size=leaf_size, dense_factor=PATHS[path], chunk_elements=chunk, **kw)
-    if path == "gpu":
+    if path.startswith("gpu"):
         tree.use_gpu_paths(True)
         tree.fixed.walk.walked = GPU_WALKED_LEVELS
     tree.rebuild(weight)

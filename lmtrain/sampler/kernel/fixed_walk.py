@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from lmtrain.sampler.kernel.store import TreeStore
+from lmtrain.sampler.kernel.walk import LEVEL_GATHER_GAIN, TreeWalk
 
 # levels each walker descends by gathers; the levels above are scored for all of their nodes by one product. At
 # n = 10^6 (N = 700 queries, F = 2048, depth 17) four levels make that product N x 2^14 x F (47 GFLOP, a twentieth
@@ -38,8 +39,8 @@ class FixedWalk:
     It reads the store's tensors at every call, like ``TreeWalk``; ``walked`` is the number of levels that
     walkers descend by gathers (the rest are scored whole by ``top_reach``)."""
 
-    def __init__(self, store: TreeStore, walked: int = WALKED_LEVELS) -> None:
-        self.store = store
+    def __init__(self, store: TreeStore, rule: TreeWalk, walked: int = WALKED_LEVELS) -> None:
+        self.store, self.rule = store, rule  # the rule: ``TreeWalk.dense``, one product per level or gathers
         self.walked = walked
         self._ancestors: dict[tuple[int, torch.device], Tensor] = {}
 
@@ -89,11 +90,14 @@ class FixedWalk:
         floor = store.floor[1:].view(-1, 2)
         uniform = torch.rand(steps, n_query * k, 1, device=phi.device)
         split = torch.cat([uniform - 1, uniform], 2)  # (steps, W, 2): right iff (u - 1) s_L + u s_R >= 0
+        qrow = torch.arange(n_query, device=phi.device).repeat_interleave(k)  # (W,) walker -> query
         scores, turns = [], []
         for step in range(steps):  # WALKED_LEVELS steps at most, whatever n
-            z = pairs.index_select(0, pos).view(n_query, 2 * k, feats)  # (N, 2k, F)
-            raw = torch.bmm(phi.unsqueeze(1), z.transpose(1, 2)).view(-1, 2)  # (W, 2)
-            s = torch.maximum(raw, floor.index_select(0, pos))
+            width = 2 << (level + step)  # nodes on the children's level
+            if self.rule.dense(width, n_query, 2 * k, self.rule.dense_factor / LEVEL_GATHER_GAIN):
+                s = self._level_pairs(phi, pos, qrow, width)  # (W, 2) from one product with the level
+            else:
+                s = self._gathered_pairs(phi, pairs, floor, pos, k)  # (W, 2) from each walker's node
             right = torch.bmm(s.unsqueeze(1), split[step].unsqueeze(2)).view(-1) >= 0  # (W,) u >= s_L / (s_L + s_R)
             scores.append(s)
             turns.append(right)
@@ -101,6 +105,26 @@ class FixedWalk:
         s = torch.stack(scores, 1)  # (W, steps, 2)
         chosen = s.gather(2, torch.stack(turns, 1).long().unsqueeze(2)).squeeze(2)  # (W, steps)
         return pos - (store.num_buckets - 1), log_path + (chosen / s.sum(2)).log().sum(1)
+
+    def _level_pairs(self, phi: Tensor, pos: Tensor, qrow: Tensor, width: int) -> Tensor:
+        """Clamped scores (W, 2) of both children of each walker's node (heap index ``pos``), read from one product
+        of the queries with the ``width`` nodes of the children's level (``TreeWalk._level_scores``, unblocked)."""
+        level = slice(width - 1, 2 * width - 1)
+        table = torch.maximum(phi @ self.store.nodes[level].T, self.store.floor[level])  # (N, width)
+        row = torch.add(pos, qrow, alpha=width // 2) - (width // 2 - 1)  # (W,) row of the (N width / 2, 2) table
+        return table.view(-1, 2).index_select(0, row)
+
+    def _gathered_pairs(self, phi: Tensor, pairs: Tensor, floor: Tensor, pos: Tensor, k: int) -> Tensor:
+        """Clamped scores (W, 2) of both children of each walker's node, gathered per walker (in blocks of queries
+        only where the device's memory budget requires them, ``TreeStore.blocks``)."""
+
+        def block(lo: int, hi: int) -> Tensor:
+            where = pos[lo * k : hi * k]
+            z = pairs.index_select(0, where).view(hi - lo, 2 * k, -1)  # (b, 2k, F)
+            raw = torch.bmm(phi[lo:hi].unsqueeze(1), z.transpose(1, 2)).view(-1, 2)  # (b k, 2)
+            return torch.maximum(raw, floor.index_select(0, where))
+
+        return self.store.blocks(block, phi.shape[0], 2 * k * phi.shape[1])
 
     def path_log_q(self, phi: Tensor, bucket: Tensor, top: Tensor) -> Tensor:
         """Log-probability (N, k) that query i's walk reaches ``bucket[i, j]`` (N, k), phi (N, F), ``top`` its
@@ -115,14 +139,20 @@ class FixedWalk:
         log_q = self._top_of(top, path[..., 0] - (1 << level))  # the reach of the level-t ancestor
         parents = path[..., :-1] - 1  # (..., steps) 0-based heap index of the node left at each level
         right = (path[..., 1:] & 1).unsqueeze(-1)  # (..., steps, 1) 1 where the path goes right
-        feats = phi.shape[1]
-        z = store.nodes[1:].view(-1, 2, feats).index_select(0, parents.reshape(-1))  # (K steps, 2, F)
-        if phi.shape[0] > 1:  # one query per row of bucket: (N, k steps 2, F) against phi (N, F)
-            raw = torch.bmm(z.view(phi.shape[0], -1, feats), phi.unsqueeze(2))  # (N, k steps 2, 1)
-        else:
-            raw = z.view(-1, feats) @ phi[0]  # (K steps 2,)
-        floor = store.floor[1:].view(-1, 2).index_select(0, parents.reshape(-1))  # (K steps, 2)
-        s = torch.maximum(raw.view(-1, 2), floor).view(*parents.shape, 2)  # (..., steps, 2)
+        feats, per_query = phi.shape[1], phi.shape[0] > 1
+        pairs, floor = store.nodes[1:].view(-1, 2, feats), store.floor[1:].view(-1, 2)
+        where = parents.reshape(phi.shape[0], -1) if per_query else parents.reshape(-1, steps)  # (N or K, k steps)
+
+        def block(lo: int, hi: int) -> Tensor:
+            rows = where[lo:hi].reshape(-1)
+            z = pairs.index_select(0, rows)  # (b k steps, 2, F)
+            if per_query:  # one query per row of bucket: (b, k steps 2, F) against phi (b, F)
+                raw = torch.bmm(z.view(hi - lo, -1, feats), phi[lo:hi].unsqueeze(2))  # (b, k steps 2, 1)
+            else:
+                raw = z.view(-1, feats) @ phi[0]  # (b steps 2,)
+            return torch.maximum(raw.view(-1, 2), floor.index_select(0, rows))  # (b k steps, 2)
+
+        s = store.blocks(block, where.shape[0], where.shape[1] * 2 * feats).view(*parents.shape, 2)  # (..., steps, 2)
         return log_q + (s.gather(-1, right).squeeze(-1) / s.sum(-1)).log().sum(-1)
 
     def shifts(self, steps: int, device: torch.device) -> Tensor:

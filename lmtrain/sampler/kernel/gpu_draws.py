@@ -31,7 +31,7 @@ class FixedDraws:
 
     def __init__(self, store: TreeStore, scorer: BucketScorer) -> None:
         self.store, self.scorer = store, scorer
-        self.walk = FixedWalk(store)
+        self.walk = FixedWalk(store, scorer.walk)
 
     def step(self, phi: Tensor, prepared: Tensor | None = None) -> FixedStep:
         """The ``FixedStep`` of queries phi (N, F) (and their ``prepared`` form, per example)."""
