@@ -71,6 +71,7 @@ def test_cells_that_cannot_run_in_time_or_without_their_corpus_are_skipped_with_
 
 def test_the_chunked_and_the_dense_full_softmax_are_measured_where_full_has_both(bench_gpu, monkeypatch):
     args = bench_gpu.parse_args(["--device", "cpu", "--outputs", "full,rff shared=rff:++output.shared_negatives=true"])
+    monkeypatch.setattr(bench_gpu, "compose_config", lambda _: OmegaConf.create({"output": {}}))  # no such option
     assert bench_gpu.strategies(args) == {"full": "full", "rff shared": "rff:++output.shared_negatives=true"}
     monkeypatch.setattr(bench_gpu, "compose_config", lambda _: OmegaConf.create({"output": {"train_chunk": None}}))
     assert list(bench_gpu.strategies(args).items()) == [

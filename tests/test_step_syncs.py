@@ -1,7 +1,8 @@
 """A training step of a real Lightning run waits for the device once: the loss value it reads for the non-finite
 check and all of the step's metrics (``lmtrain.training.step.window_loss``); Lightning's hooks and logging, the
 progress bar and lmtrain's callbacks read nothing more. Counted on the CPU with ``DispatchCounter``, where a read of
-a tensor's value is the same operator that waits for a GPU."""
+a tensor's value is the same operator that waits for a GPU. The run takes the GPU paths (``execution=gpu``): on the
+CPU paths a sparse gradient is coalesced, whose size a GPU would have to report back."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ def test_one_host_sync_per_training_step(tiny_config):
         "progress_bar=true",
         "test_after_fit=false",
         "+callbacks.syncs._target_=tests.helpers.CountStepSyncs",
+        "execution=gpu",
     )
     train(cfg)
     counted = CountStepSyncs.last
