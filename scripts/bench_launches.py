@@ -20,7 +20,7 @@ import json
 import sys
 from pathlib import Path
 
-from lmtrain.tools.launches import count_train_step
+from lmtrain.tools.launches import count_train_step, launches_table
 
 OUTPUTS = (
     "full",
@@ -66,27 +66,6 @@ def budgets(rows: list[dict]) -> list[str]:
     return lines
 
 
-def table(record: dict) -> str:
-    """The record as markdown: per strategy and size, operators / syncs on the CPU and the GPU paths."""
-    rows = record["rows"]
-    cells = {(r["output"], r["n"], r["execution"]): f"{r['launches']:,} / {r['syncs']}" for r in rows}
-    sizes = sorted({r["n"] for r in rows})
-    outputs = list(dict.fromkeys(r["output"] for r in rows))
-    head = ["output", *(f"n = {n:,} {path}" for n in sizes for path in ("cpu", "gpu"))]
-    lines = [
-        f"<!-- written by `{record['command']}`: do not edit -->",
-        "Operators that launch work / host syncs of one `train_step` (default model, batch 20 x 35, m = 100), "
-        "CPU paths (`execution=cpu`, what a GPU ran before) and GPU paths (`execution=gpu`).",
-        "",
-        "| " + " | ".join(head) + " |",
-        "|" + "|".join("---" for _ in head) + "|",
-    ]
-    for output in outputs:
-        values = [cells.get((output, n, path), "") for n in sizes for path in ("cpu", "gpu")]
-        lines.append(f"| {output} | " + " | ".join(values) + " |")
-    return "\n".join([*lines, "", *(f"- {line}" for line in record["budgets"])]) + "\n"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--outputs", default=",".join(OUTPUTS), help="strategies, comma-separated (name:override)")
@@ -111,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         command = "python scripts/bench_launches.py " + " ".join(argv if argv is not None else sys.argv[1:])
         record = {"command": command.strip(), "batch": [20, 35], "rows": rows, "budgets": checks}
         args.json.write_text(json.dumps(record, indent=1) + "\n")
-        args.json.with_suffix(".md").write_text(table(record))
+        args.json.with_suffix(".md").write_text(launches_table(record))
     return 0
 
 

@@ -13,6 +13,10 @@ from lmtrain.study.gpu_bench import KIND, render_gpu
 def render_bench(path: Path) -> str:
     """The markdown table of one bench_train JSON record (every corpus it measured), or of a bench_gpu record."""
     record = json.loads(path.read_text())
+    if "budgets" in record and "rows" in record:  # a scripts/bench_launches.py record
+        from lmtrain.tools.launches import launches_table
+
+        return launches_table(record)
     if record.get("kind") == KIND:
         return render_gpu(path.name, record)
     isolated = ", each cell in its own process" if "child" in str(record.get("peak_memory", "")) else ""

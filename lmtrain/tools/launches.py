@@ -154,3 +154,25 @@ def count_train_step(
             )
         state = window.state
     return counter.counts
+
+
+def launches_table(record: dict[str, Any]) -> str:
+    """A ``scripts/bench_launches.py`` record as markdown: per strategy and size, operators / syncs on the CPU and
+    the GPU paths."""
+    rows = record["rows"]
+    cells = {(r["output"], r["n"], r["execution"]): f"{r['launches']:,} / {r['syncs']}" for r in rows}
+    sizes = sorted({r["n"] for r in rows})
+    outputs = list(dict.fromkeys(r["output"] for r in rows))
+    head = ["output", *(f"n = {n:,} {path}" for n in sizes for path in ("cpu", "gpu"))]
+    lines = [
+        f"<!-- written by `{record['command']}`: do not edit -->",
+        "Operators that launch work / host syncs of one `train_step` (default model, batch 20 x 35, m = 100), "
+        "CPU paths (`execution=cpu`, what a GPU ran before) and GPU paths (`execution=gpu`).",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join("---" for _ in head) + "|",
+    ]
+    for output in outputs:
+        values = [cells.get((output, n, path), "") for n in sizes for path in ("cpu", "gpu")]
+        lines.append(f"| {output} | " + " | ".join(values) + " |")
+    return "\n".join([*lines, "", *(f"- {line}" for line in record["budgets"])]) + "\n"
