@@ -7,6 +7,7 @@ import scipy.stats
 import torch
 from scipy.stats import chisquare
 
+from lmtrain.sampler.options import KernelOptions
 from lmtrain.sampler.kernel import (
     FeatureMap,
     KernelSampler,
@@ -162,7 +163,7 @@ def test_sparse_updates_match_a_rebuild_without_drift(kind):
 
 
 def test_sampler_logs_once_when_a_dense_optimizer_forces_rebuilds(caplog):
-    sampler = KernelSampler(QuadraticFeatures(), leaf_size=4)
+    sampler = KernelSampler(QuadraticFeatures(), options=KernelOptions(leaf_size=4))
     weight = augmented(40, 3, seed=9)
     query = torch.cat([torch.randn(2, 3), torch.ones(2, 1)], 1)
     with caplog.at_level("INFO", logger="lmtrain"):

@@ -12,6 +12,7 @@ from typing import Any
 from lmtrain.common.execution import Execution
 from lmtrain.data.synthetic import SyntheticOptions
 from lmtrain.data.zipf_topics import ZipfTopicOptions
+from lmtrain.model.lstm import LSTMOptions
 from lmtrain.training.optim import OptimOptions, torch_optimizer
 
 AT_LEAST_1 = {"at_least": 1}
@@ -91,16 +92,10 @@ class ZipfDataConfig(DataConfig, ZipfTopicOptions):
 
 
 @dataclass
-class LSTMConfig:
-    """``model=lstm``: the LSTM encoder."""
+class LSTMConfig(LSTMOptions):
+    """``model=lstm``: the LSTM encoder (its keys: ``lmtrain.model.lstm.LSTMOptions``)."""
 
     _target_: str = "lmtrain.model.LSTMEncoder"
-    emb_dim: int = field(default=200, metadata=AT_LEAST_1)
-    hidden_dim: int = field(default=200, metadata=AT_LEAST_1)
-    num_layers: int = field(default=2, metadata=AT_LEAST_1)
-    dropout: float = field(default=0.0, metadata={"at_least": 0, "below": 1})
-    init_range: float = field(default=0.1, metadata={"above": 0})
-    sparse_embedding: bool | str = field(default="auto", metadata={"choices": (True, False, "auto")})
 
 
 @dataclass

@@ -1,150 +1,140 @@
 """The config schemas of the output strategies and their samplers (``output=...``, ``sampler=...``).
 
-The sampled strategies' schemas are their options dataclasses (``lmtrain.output.sampled.options``) with the class
-to build; the others list their constructor's config keys here. A new strategy or sampler is a class, a schema
-here (or an existing one it shares) and a YAML file whose first default names the schema.
+Each schema is its class's options dataclass (``lmtrain.output.options``, ``lmtrain.output.sampled.options``,
+``lmtrain.sampler.options``: the one place of every key's default, range and meaning) with the class to build, and
+the defaults that only a config can have: links to another part (``init_range`` follows ``model.init_range``, the
+RFF frequencies' ``seed`` the run's ``seed``) and the training mode a config fixes (``shared_negatives``, None for a
+class built directly: the sampler's own mode). The YAML files of ``conf/output`` and ``conf/sampler`` name a schema
+and set only what differs between the options that share it. A new strategy or sampler is a class, its options, a
+schema here (or an existing one it shares) and a YAML file whose first default names the schema.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lmtrain.output.sampled.options import BiasOptions, CosineOptions, NCEOptions, SoftmaxOptions
+from omegaconf import II
 
-BIAS_INIT = {"choices": ("zero", "log_unigram")}
+from lmtrain.output.options import BIAS_INIT, AdaptiveOptions, FullOptions, HSMOptions
+from lmtrain.output.sampled.options import BiasOptions, CosineOptions, NCEOptions, SoftmaxOptions
+from lmtrain.sampler.options import BigramOptions, QuadraticOptions, RFFOptions, UnigramOptions
+
+MODEL_INIT_RANGE = {"above": 0}  # the output's init_range follows the model's (model.init_range)
 
 
 @dataclass
-class FullConfig:
+class FullConfig(FullOptions):
     """``output=full``: the full softmax."""
 
     _target_: str = "lmtrain.output.FullSoftmax"
-    init_range: float = field(default=0.1, metadata={"above": 0})
-    eval_chunk: int = field(default=65536, metadata={"at_least": 1})
-    # training loss: dense (N, n) logits when they fit in logits_mib MiB (float32), else vocabulary chunks of the
-    # most classes whose (N, chunk) logits fit; train_chunk fixes the chunk (0: always dense)
-    train_chunk: int | None = field(default=None, metadata={"at_least": 0})
-    logits_mib: float = field(default=128.0, metadata={"above": 0})
-    bias_init: str = field(default="zero", metadata=BIAS_INIT)
+    init_range: float = field(default=II("model.init_range"), metadata=MODEL_INIT_RANGE)
 
 
 @dataclass
-class AdaptiveConfig:
+class AdaptiveConfig(AdaptiveOptions):
     """``output=adaptive``: the adaptive softmax."""
 
     _target_: str = "lmtrain.output.AdaptiveSoftmax"
-    cutoffs: list[int] | None = None
-    div_value: float = field(default=4.0, metadata={"above": 0})
-    head_bias: bool = True
 
 
 @dataclass
-class HSMConfig:
+class HSMConfig(HSMOptions):
     """``output=hsm``: the hierarchical softmax."""
 
     _target_: str = "lmtrain.output.HierarchicalSoftmax"
-    tree: str = field(default="huffman", metadata={"choices": ("huffman", "balanced", "two_level")})
-    num_bins: int | None = field(default=None, metadata={"at_least": 1})
-    sparse: bool = True
-    init_range: float = field(default=0.1, metadata={"above": 0})
+    init_range: float = field(default=II("model.init_range"), metadata=MODEL_INIT_RANGE)
 
 
 @dataclass
 class SampledConfig(SoftmaxOptions):
-    """``output=sampled|uniform|unigram|bigram|exp``: the sampled softmax with any proposal."""
+    """``output=sampled|uniform|unigram|bigram|exp``: the sampled softmax with any proposal (``sampler=...``);
+    m negatives per position (N x m), which trains far better than one set per batch (docs/strategies.md)."""
 
     _target_: str = "lmtrain.output.SampledSoftmax"
+    shared_negatives: bool | None = False
+    init_range: float = field(default=II("model.init_range"), metadata=MODEL_INIT_RANGE)
 
 
 @dataclass
 class AbsoluteConfig(SoftmaxOptions):
-    """``output=quadratic``: the absolute softmax trained with sampled negatives."""
+    """``output=quadratic``: the absolute softmax p ∝ exp(|o|) trained as sampled softmax (with the quadratic-kernel
+    proposal); exact evaluation normalizes exp(|o|) over all classes."""
 
     _target_: str = "lmtrain.output.AbsoluteSampledSoftmax"
+    shared_negatives: bool | None = False
+    init_range: float = field(default=II("model.init_range"), metadata=MODEL_INIT_RANGE)
 
 
 @dataclass
 class CosineConfig(CosineOptions):
-    """``output=rff``: the cosine softmax with a temperature, trained with sampled negatives."""
+    """``output=rff``: the softmax over tau * cos(h, w) (normalized embeddings, no bias) trained as sampled softmax
+    (with the random-Fourier-feature proposal); exact evaluation is the full softmax over tau * cos."""
 
     _target_: str = "lmtrain.output.CosineSampledSoftmax"
+    shared_negatives: bool | None = False
+    init_range: float = field(default=II("model.init_range"), metadata=MODEL_INIT_RANGE)
 
 
 @dataclass
 class NCEConfig(NCEOptions):
-    """``output=nce``: noise-contrastive estimation."""
+    """``output=nce``: noise-contrastive estimation, self-normalized (ln Z = 0, or learned); exact full-softmax
+    evaluation. Its biases start at the log training unigram, a normalized start (Labeau & Allauzen 2018)."""
 
     _target_: str = "lmtrain.output.NCE"
+    shared_negatives: bool | None = False
+    init_range: float = field(default=II("model.init_range"), metadata=MODEL_INIT_RANGE)
+    bias_init: str = field(default="log_unigram", metadata=BIAS_INIT)
 
 
 @dataclass
 class NegativeConfig(BiasOptions):
-    """``output=negative``: negative sampling."""
+    """``output=negative``: negative sampling (word2vec), one noise set per batch; exact full-softmax evaluation of
+    the same scores. Its biases start at the log training unigram, a normalized start (Labeau & Allauzen 2018)."""
 
     _target_: str = "lmtrain.output.NegativeSampling"
+    shared_negatives: bool | None = True
+    init_range: float = field(default=II("model.init_range"), metadata=MODEL_INIT_RANGE)
+    bias_init: str = field(default="log_unigram", metadata=BIAS_INIT)
 
 
 @dataclass
 class UniformSamplerConfig:
-    """``sampler=uniform``."""
+    """``sampler=uniform``: q_i = 1/n (context-free: one set of negatives shared by the batch)."""
 
     _target_: str = "lmtrain.sampler.UniformSampler"
 
 
 @dataclass
 class SoftmaxSamplerConfig:
-    """``sampler=softmax``: the model's own softmax."""
+    """``sampler=softmax``: the model's own softmax (per example, O(nd) per draw), the unbiased reference."""
 
     _target_: str = "lmtrain.sampler.SoftmaxSampler"
 
 
 @dataclass
-class UnigramSamplerConfig:
+class UnigramSamplerConfig(UnigramOptions):
     """``sampler=unigram|noise``: unigram^power or log-uniform."""
 
     _target_: str = "lmtrain.sampler.UnigramSampler"
-    power: float = field(default=1.0, metadata={"at_least": 0})
-    distribution: str = field(default="unigram", metadata={"choices": ("unigram", "log_uniform")})
-    smoothing: float = field(default=1.0, metadata={"at_least": 0})
 
 
 @dataclass
-class BigramSamplerConfig:
+class BigramSamplerConfig(BigramOptions):
     """``sampler=bigram``: conditioned on the previous word."""
 
     _target_: str = "lmtrain.sampler.BigramSampler"
-    unigram_weight: float = field(default=0.25, metadata={"above": 0})
-    smoothing: float = field(default=1.0, metadata={"at_least": 0})
 
 
 @dataclass
-class KernelSamplerConfig:
-    """What every kernel proposal's tree takes."""
-
-    leaf_size: int | None = field(default=None, metadata={"at_least": 1})
-    eps: float = field(default=1e-6, metadata={"above": 0})
-    unigram_share: float = field(default=0.0, metadata={"at_least": 0, "below": 1})
-    refresh: int = field(default=64, metadata={"at_least": 0})
-    feature_cache: str | bool | None = field(
-        default="auto", metadata={"choices": ("auto", "full", "bfloat16", "off", True, False, None)}
-    )
-
-
-@dataclass
-class QuadraticSamplerConfig(KernelSamplerConfig):
+class QuadraticSamplerConfig(QuadraticOptions):
     """``sampler=quadratic``: the quadratic kernel (Blanc & Rendle 2018)."""
 
     _target_: str = "lmtrain.sampler.QuadraticSampler"
-    alpha: float = field(default=100.0, metadata={"above": 0})
 
 
 @dataclass
-class RFFSamplerConfig(KernelSamplerConfig):
-    """``sampler=rff``: random Fourier features (Rawat et al. 2019)."""
+class RFFSamplerConfig(RFFOptions):
+    """``sampler=rff``: random Fourier features (Rawat et al. 2019), the frequencies drawn from the run's seed."""
 
     _target_: str = "lmtrain.sampler.RFFSampler"
-    D: int = field(default=1024, metadata={"at_least": 1})
-    nu: float = field(default=4.0, metadata={"above": 0})
-    temperature: float | None = field(default=None, metadata={"above": 0})
-    seed: int = 0
-    projection: str = field(default="float32", metadata={"choices": ("float32", "bfloat16")})
+    seed: int = II("seed")

@@ -2,11 +2,30 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
 State = tuple[Tensor, Tensor]  # (h, c), each (num_layers, B, hidden_dim)
+AT_LEAST_1 = {"at_least": 1}
+
+
+@dataclass
+class LSTMOptions:
+    """``model=lstm``: the encoder's keys and their defaults (the one place of them; the config schema adds the
+    class to build)."""
+
+    emb_dim: int = field(default=200, metadata=AT_LEAST_1)
+    hidden_dim: int = field(default=200, metadata=AT_LEAST_1)
+    num_layers: int = field(default=2, metadata=AT_LEAST_1)
+    # on the embedding output, between layers and on the top output
+    dropout: float = field(default=0.0, metadata={"at_least": 0, "below": 1})
+    init_range: float = field(default=0.1, metadata={"above": 0})  # uniform(-init_range, init_range), every weight
+    # sparse row gradients for the input embedding: a step touches only the rows of its tokens (what makes n = 10^6
+    # affordable). auto: on when the optimizer updates sparse rows exactly as it would dense ones (sgd or adagrad
+    # without momentum or weight decay), off otherwise (adam would switch the embedding to SparseAdam)
+    sparse_embedding: bool | str = field(default="auto", metadata={"choices": (True, False, "auto")})
 
 
 class LSTMEncoder(nn.Module):
@@ -24,25 +43,16 @@ class LSTMEncoder(nn.Module):
     # the run-time values lmtrain.training.build passes besides the config
     runtime_args: ClassVar[tuple[str, ...]] = ("num_classes",)
 
-    def __init__(
-        self,
-        num_classes: int,
-        emb_dim: int = 200,
-        hidden_dim: int = 200,
-        num_layers: int = 2,
-        dropout: float = 0.0,
-        init_range: float = 0.1,
-        sparse_embedding: bool | Literal["auto"] = False,
-    ) -> None:
+    def __init__(self, num_classes: int, **options: Any) -> None:
         super().__init__()
-        self.hidden_dim, self.num_layers = hidden_dim, num_layers
-        self.embedding = nn.Embedding(num_classes, emb_dim, sparse=sparse_embedding is True)
-        self.lstm = nn.LSTM(
-            emb_dim, hidden_dim, num_layers, dropout=dropout if num_layers > 1 else 0.0, batch_first=True
-        )
-        self.drop = nn.Dropout(dropout)
+        opts = LSTMOptions(**options)  # the keys left out take their defaults
+        self.hidden_dim, self.num_layers = opts.hidden_dim, opts.num_layers
+        self.embedding = nn.Embedding(num_classes, opts.emb_dim, sparse=opts.sparse_embedding is True)
+        dropout = opts.dropout if opts.num_layers > 1 else 0.0
+        self.lstm = nn.LSTM(opts.emb_dim, opts.hidden_dim, opts.num_layers, dropout=dropout, batch_first=True)
+        self.drop = nn.Dropout(opts.dropout)
         for p in self.parameters():
-            nn.init.uniform_(p, -init_range, init_range)
+            nn.init.uniform_(p, -opts.init_range, opts.init_range)
 
     @property
     def output_dim(self) -> int:

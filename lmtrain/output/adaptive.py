@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from typing import Any
 
 from torch import Tensor, nn
 
 from lmtrain.output.base import OutputLayer
+from lmtrain.output.options import AdaptiveOptions
 from lmtrain.sampler.precision import in_float32
 
 HEAD_CAP, TAIL_FRACTION, MAX_CLUSTERS = 2000, 0.6, 3
@@ -52,17 +53,10 @@ class AdaptiveSoftmax(OutputLayer):
 
     loss_is_nll = True
 
-    def __init__(
-        self,
-        num_classes: int,
-        dim: int,
-        cutoffs: Sequence[int] | None = None,
-        div_value: float = 4.0,
-        head_bias: bool = True,
-    ) -> None:
+    def __init__(self, num_classes: int, dim: int, **options: Any) -> None:
         super().__init__()
-        if div_value <= 0:
-            raise ValueError(f"output.div_value must be positive (4.0 is the usual choice), got {div_value}")
+        opts = AdaptiveOptions(**options)  # the keys left out take their defaults
+        cutoffs, div_value = opts.cutoffs, opts.div_value
         if cutoffs is None:
             cutoffs = derive_cutoffs(num_classes, max_clusters(dim, div_value))
         cutoffs = [int(c) for c in cutoffs]
@@ -78,7 +72,7 @@ class AdaptiveSoftmax(OutputLayer):
             )
         self.num_classes, self.dim = num_classes, dim
         self.cutoffs = cutoffs
-        self.asm = nn.AdaptiveLogSoftmaxWithLoss(dim, num_classes, cutoffs, div_value=div_value, head_bias=head_bias)
+        self.asm = nn.AdaptiveLogSoftmaxWithLoss(dim, num_classes, cutoffs, div_value=div_value, head_bias=opts.head_bias)
 
     def log_prob(self, hidden: Tensor, target: Tensor) -> Tensor:
         return self.asm(hidden, target).output  # (N,) exact log p(target | hidden)

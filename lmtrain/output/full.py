@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from lmtrain.output.base import OutputLayer, initial_bias
 from lmtrain.output.chunked_softmax import chunked_softmax_nll
 from lmtrain.output.logsumexp import chunked_logsumexp
+from lmtrain.output.options import FullOptions
 
 
 class FullSoftmax(OutputLayer):
@@ -27,24 +28,15 @@ class FullSoftmax(OutputLayer):
 
     loss_is_nll = True
 
-    def __init__(
-        self,
-        num_classes: int,
-        dim: int,
-        init_range: float = 0.1,
-        eval_chunk: int = 65536,
-        train_chunk: int | None = None,
-        logits_mib: float = 128.0,
-        bias_init: Literal["zero", "log_unigram"] = "zero",
-        counts: Tensor | None = None,
-    ) -> None:
+    def __init__(self, num_classes: int, dim: int, counts: Tensor | None = None, **options: Any) -> None:
         super().__init__()
+        opts = FullOptions(**options)  # the keys left out take their defaults
         self.num_classes, self.dim = num_classes, dim
-        self.eval_chunk = eval_chunk
-        self.train_chunk, self.logits_mib = train_chunk, logits_mib
+        self.eval_chunk = opts.eval_chunk
+        self.train_chunk, self.logits_mib = opts.train_chunk, opts.logits_mib
         self.weight = nn.Parameter(torch.empty(num_classes, dim))
-        self.bias = nn.Parameter(initial_bias(bias_init, num_classes, counts))
-        nn.init.uniform_(self.weight, -init_range, init_range)
+        self.bias = nn.Parameter(initial_bias(opts.bias_init, num_classes, counts))
+        nn.init.uniform_(self.weight, -opts.init_range, opts.init_range)
 
     def logits(self, hidden: Tensor) -> Tensor:
         """(N, d) -> (N, n)."""

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from lmtrain.output.base import OutputLayer
 from lmtrain.output.hsm_layouts import tree_layout
-
-TREES = ("huffman", "balanced", "two_level")
+from lmtrain.output.options import HSMOptions
 
 
 class HierarchicalSoftmax(OutputLayer):
@@ -37,26 +36,16 @@ class HierarchicalSoftmax(OutputLayer):
 
     loss_is_nll = True
 
-    def __init__(
-        self,
-        num_classes: int,
-        dim: int,
-        counts: Tensor,
-        tree: Literal["huffman", "balanced", "two_level"] = "huffman",
-        sparse: bool = True,
-        init_range: float = 0.1,
-        num_bins: int | None = None,
-    ) -> None:
+    def __init__(self, num_classes: int, dim: int, counts: Tensor, **options: Any) -> None:
         super().__init__()
-        if tree not in TREES:
-            raise ValueError(f"output.tree must be one of {', '.join(TREES)}, got {tree!r}")
+        opts = HSMOptions(**options)  # the keys left out take their defaults
         counts = torch.as_tensor(counts)
         if counts.shape != (num_classes,):
             raise ValueError(f"counts must have one entry per class ({num_classes}), got shape {tuple(counts.shape)}")
-        self.num_classes, self.dim, self.tree, self.sparse = num_classes, dim, tree, sparse
-        self.layout = tree_layout(tree, counts, num_bins)  # the tree's index arrays (non-persistent buffers)
+        self.num_classes, self.dim, self.tree, self.sparse = num_classes, dim, opts.tree, opts.sparse
+        self.layout = tree_layout(opts.tree, counts, opts.num_bins)  # the tree's index arrays (non-persistent buffers)
         self.weight = nn.Parameter(torch.empty(self.layout.num_rows, dim + 1))
-        nn.init.uniform_(self.weight[:, :dim], -init_range, init_range)
+        nn.init.uniform_(self.weight[:, :dim], -opts.init_range, opts.init_range)
         nn.init.zeros_(self.weight[:, dim:])
 
     def sparse_parameters(self) -> list[nn.Parameter]:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
 from lmtrain.sampler.base import Sampler
+from lmtrain.sampler.options import BigramOptions
 from lmtrain.sampler.unigram import UnigramSampler
 
 _OFFSET_BITS = 62  # successor offsets are uniform 62-bit integers modulo the row count: bias < count / 2^62
@@ -33,14 +34,10 @@ class BigramSampler(Sampler):
 
     per_example = True
 
-    def __init__(
-        self,
-        num_classes: int,
-        train_ids: Tensor | None = None,
-        unigram_weight: float = 0.25,
-        smoothing: float = 1.0,
-    ) -> None:
+    def __init__(self, num_classes: int, train_ids: Tensor | None = None, **options: Any) -> None:
         super().__init__()
+        opts = BigramOptions(**options)  # the keys left out take their defaults
+        unigram_weight, smoothing = opts.unigram_weight, opts.smoothing
         if train_ids is None:
             raise ValueError("sampler=bigram needs the training token ids (train_ids) to count bigrams")
         if not 0.0 < unigram_weight <= 1.0:

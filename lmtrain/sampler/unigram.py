@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
 from lmtrain.sampler.base import Sampler
+from lmtrain.sampler.options import UnigramOptions
 
 _SCALE_BITS = 32  # alias thresholds are integers in [0, 2^32]: exact probabilities, immune to dtype casts
 
@@ -28,19 +29,10 @@ class UnigramSampler(Sampler):
 
     per_example = False
 
-    def __init__(
-        self,
-        num_classes: int,
-        counts: Tensor | None = None,
-        power: float = 1.0,
-        distribution: str = "unigram",
-        smoothing: float = 1.0,
-    ) -> None:
+    def __init__(self, num_classes: int, counts: Tensor | None = None, **options: Any) -> None:
         super().__init__()
-        if distribution not in ("unigram", "log_uniform"):
-            raise ValueError(f"sampler.distribution must be 'unigram' or 'log_uniform', got {distribution!r}")
-        if power < 0:
-            raise ValueError(f"sampler.power must be >= 0 (0.75 for NCE noise, 1.0 for unigram), got {power}")
+        opts = UnigramOptions(**options)  # the keys left out take their defaults
+        power, distribution, smoothing = opts.power, opts.distribution, opts.smoothing
         if num_classes < 2 or num_classes >= 2**30:
             raise ValueError(f"UnigramSampler needs 2 <= num_classes < 2^30, got {num_classes}")
         self.num_classes, self.power, self.distribution = num_classes, float(power), distribution

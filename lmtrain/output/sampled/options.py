@@ -2,13 +2,16 @@
 
 A strategy's constructor takes them as keywords (``SampledSoftmax(n, d, sampler, num_samples=10)``), so the
 config keys users override stay flat (``output.num_samples``); the strategy keeps them as ``self.options``.
-They are also the typed config schemas of these strategies (``lmtrain/config/``): a field's ``metadata`` holds
-what its type cannot say (``choices``, ``at_least``), which the config check reads.
+They are also the typed config schemas of these strategies (``lmtrain/config/strategies.py``) and the one place
+of each key's default: a field's ``metadata`` holds what its type cannot say (``choices``, ``at_least``), which the
+config check reads before anything is built, so the classes do not check those ranges again.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from lmtrain.output.options import BIAS_INIT
 
 
 @dataclass
@@ -21,14 +24,12 @@ class SampledOptions:
     """
 
     num_samples: int = field(default=100, metadata={"at_least": 1})
+    # true: one set of m for the whole batch (kernel samplers: from the mixture of the batch's proposals, by one
+    # tree walk, every position corrected with it); false: m per position (N x m); None: the sampler's own mode
     shared_negatives: bool | None = None
-    sparse: bool = True
-    init_range: float = 0.1
-    eval_chunk: int = 65536
-
-    def __post_init__(self) -> None:
-        if self.num_samples < 1:
-            raise ValueError(f"output.num_samples must be a positive number of negatives, got {self.num_samples}")
+    sparse: bool = True  # sparse row gradients: only the touched rows (and tree buckets) are read and updated
+    init_range: float = field(default=0.1, metadata={"above": 0})
+    eval_chunk: int = field(default=65536, metadata={"at_least": 1})
 
 
 @dataclass
@@ -36,7 +37,7 @@ class BiasOptions(SampledOptions):
     """A bias per class (``bias``), starting at zero or at the log training unigram (``bias_init``)."""
 
     bias: bool = True
-    bias_init: str = field(default="zero", metadata={"choices": ("zero", "log_unigram")})
+    bias_init: str = field(default="zero", metadata=BIAS_INIT)
 
 
 @dataclass
@@ -45,13 +46,9 @@ class EstimatorOptions(SampledOptions):
     ``remove_accidental_hits`` masks negatives equal to the target; ``unique`` draws distinct negatives."""
 
     remove_accidental_hits: bool = True
+    # exact (docs/strategies.md) | classic (o - ln(m q), Bengio & Senecal)
     correction: str = field(default="exact", metadata={"choices": ("exact", "classic")})
-    unique: bool = False
-
-    def __post_init__(self) -> None:
-        if self.correction not in ("exact", "classic"):
-            raise ValueError(f"output.correction must be 'exact' or 'classic', got {self.correction!r}")
-        super().__post_init__()
+    unique: bool = False  # draw distinct negatives, corrected with expected counts (context-free samplers)
 
 
 @dataclass
@@ -63,15 +60,9 @@ class SoftmaxOptions(EstimatorOptions, BiasOptions):
 class CosineOptions(EstimatorOptions):
     """``CosineSampledSoftmax``: logits ``tau`` * cos, the hidden state normalized softly with ``norm_eps``."""
 
-    tau: float = 1 / 0.3**2
-    norm_eps: float = 2.0
-
-    def __post_init__(self) -> None:
-        if not self.tau > 0:
-            raise ValueError(f"output.tau must be positive (logits are tau * cosine similarity), got {self.tau}")
-        if not self.norm_eps >= 0:
-            raise ValueError(f"output.norm_eps must be >= 0 (0 = exact normalization of h), got {self.norm_eps}")
-        super().__post_init__()
+    tau: float = field(default=1 / 0.3**2, metadata={"above": 0})  # inverse temperature of the logits, 1 / 0.3^2
+    # h / sqrt(|h|^2 + eps^2): the gradient into the LSTM is <= tau / eps; 0: exact h / |h| (saturates at lr 1)
+    norm_eps: float = field(default=2.0, metadata={"at_least": 0})
 
 
 @dataclass

@@ -13,6 +13,7 @@ from lmtrain.sampler.kernel.features import FeatureMap, QuadraticFeatures, Rando
 from lmtrain.sampler.kernel.proposal import KernelProposal, MixtureProposal
 from lmtrain.sampler.kernel.tree import KernelTree
 from lmtrain.sampler.kernel.unigram_share import UnigramShare
+from lmtrain.sampler.options import KernelOptions, QuadraticOptions, RFFOptions
 
 log = logging.getLogger("lmtrain")
 
@@ -43,17 +44,17 @@ class KernelSampler(Sampler):
     def __init__(
         self,
         features: FeatureMap,
-        leaf_size: int | None = None,
-        eps: float = 1e-6,
-        refresh: int = 64,
-        feature_cache: str | bool | None = "auto",
-        unigram_share: float = 0.0,
         num_classes: int | None = None,
         counts: Tensor | None = None,
+        options: KernelOptions | None = None,
     ) -> None:
         super().__init__()
-        self.tree = KernelTree(features, leaf_size=leaf_size, eps=eps, refresh=refresh, feature_cache=feature_cache)
-        self.unigram = UnigramShare(unigram_share, num_classes, counts) if unigram_share else None
+        opts = options or KernelOptions()
+        self.tree = KernelTree(
+            features, leaf_size=opts.leaf_size, eps=opts.eps, refresh=opts.refresh, feature_cache=opts.feature_cache
+        )
+        share = opts.unigram_share
+        self.unigram = UnigramShare(share, num_classes, counts) if share else None
         self.shared = False  # the mode; the output strategy sets it (share_negatives)
         self._drawn_since_rebuild = False
         self._told_dense = False
@@ -118,10 +119,9 @@ class QuadraticSampler(KernelSampler):
     the tree stores about 2 * 2^ceil(log2(2 n / d)) * F floats: ~2.7 GB at n = 10^6, d = 201.
     """
 
-    def __init__(self, alpha: float = 100.0, leaf_size: int | None = None, eps: float = 1e-6, **options: Any) -> None:
-        super().__init__(
-            QuadraticFeatures(alpha), leaf_size=leaf_size, eps=eps, **options
-        )  # refresh, feature_cache, unigram_share
+    def __init__(self, num_classes: int | None = None, counts: Tensor | None = None, **options: Any) -> None:
+        opts = QuadraticOptions(**options)  # the keys left out take their defaults
+        super().__init__(QuadraticFeatures(opts.alpha), num_classes, counts, opts)
 
 
 class RFFSampler(KernelSampler):
@@ -132,16 +132,7 @@ class RFFSampler(KernelSampler):
     2 * 2^ceil(log2(n d / 2 D)) * 2 D floats: ~2.1 GB at n = 10^6, d = 200, D = 1024.
     """
 
-    def __init__(
-        self,
-        D: int = 1024,
-        nu: float = 4.0,
-        temperature: float | None = None,
-        seed: int = 0,
-        leaf_size: int | None = None,
-        eps: float = 1e-6,
-        projection: str = "float32",
-        **options: Any,
-    ) -> None:
-        features = RandomFourierFeatures(D, nu, seed, temperature, projection=projection)
-        super().__init__(features, leaf_size=leaf_size, eps=eps, **options)  # refresh, feature_cache, unigram_share
+    def __init__(self, num_classes: int | None = None, counts: Tensor | None = None, **options: Any) -> None:
+        opts = RFFOptions(**options)  # the keys left out take their defaults
+        features = RandomFourierFeatures(opts.D, opts.nu, opts.seed, opts.temperature, projection=opts.projection)
+        super().__init__(features, num_classes, counts, opts)

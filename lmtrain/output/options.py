@@ -1,0 +1,50 @@
+"""The options of the output strategies outside the sampled family (``output=full|adaptive|hsm``): the keys of
+their configs with their defaults, ranges (``metadata``, read by the config check) and meaning. A strategy's
+constructor takes them as keywords and fills the ones left out from here; the config schemas
+(``lmtrain/config/strategies.py``) add the class to build, so a default is written once, here. The sampled
+strategies' options are in ``lmtrain.output.sampled.options``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+BIAS_INIT = {"choices": ("zero", "log_unigram")}  # zero | log_unigram (biases start at the log training unigram)
+
+
+@dataclass
+class FullOptions:
+    """``output=full``: the full softmax over all classes (exact, O(nd) per position).
+
+    The training loss uses dense (N, n) logits when they fit in ``logits_mib`` MiB (float32), else vocabulary
+    chunks of the most classes whose (N, chunk) logits fit; ``train_chunk`` fixes the chunk (0: always dense).
+    """
+
+    init_range: float = field(default=0.1, metadata={"above": 0})  # uniform(-init_range, init_range) weights
+    eval_chunk: int = field(default=65536, metadata={"at_least": 1})  # classes per chunk of exact evaluation
+    train_chunk: int | None = field(default=None, metadata={"at_least": 0})
+    logits_mib: float = field(default=128.0, metadata={"above": 0})
+    bias_init: str = field(default="zero", metadata=BIAS_INIT)
+
+
+@dataclass
+class AdaptiveOptions:
+    """``output=adaptive``: the adaptive softmax (Grave et al. 2017) through torch's AdaptiveLogSoftmaxWithLoss,
+    exact evaluation; relies on the frequency-ordered vocabulary (id 0 = most frequent)."""
+
+    # e.g. [2000, 6000]; None: derived from n (PTB [2000, 6000], 10^6 [2000, 20000, 200000])
+    cutoffs: list[int] | None = None
+    # tail cluster k projects the hidden state to dim / div_value^k dimensions
+    div_value: float = field(default=4.0, metadata={"above": 0})
+    head_bias: bool = True
+
+
+@dataclass
+class HSMOptions:
+    """``output=hsm``: the hierarchical softmax over a class tree built from the training counts (exact tree
+    probabilities)."""
+
+    # huffman | balanced (binary trees) | two_level (softmax over ~sqrt(n) frequency bins, then within the bin)
+    tree: str = field(default="huffman", metadata={"choices": ("huffman", "balanced", "two_level")})
+    num_bins: int | None = field(default=None, metadata={"at_least": 1})  # two_level only; None: round(sqrt(n))
+    sparse: bool = True  # sparse row gradients: a step reads and updates only the nodes on the target paths
+    init_range: float = field(default=0.1, metadata={"above": 0})

@@ -1,0 +1,71 @@
+"""The options of the samplers that take any, one dataclass per sampler: the keys of its ``sampler=...`` config and
+their defaults, ranges (``metadata``, read by the config check) and meaning. A sampler's constructor takes them as
+keywords and fills the ones left out from here; the config schemas (``lmtrain/config/strategies.py``) add the class
+to build, so a default is written once, here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class UnigramOptions:
+    """``sampler=unigram|noise``: unigram^power from the training-split counts, or log-uniform (Zipf over the
+    frequency-ordered vocabulary, no counts needed); drawn in O(1) from an alias table."""
+
+    power: float = field(default=1.0, metadata={"at_least": 0})  # 0.75 in sampler=noise (word2vec's distortion)
+    distribution: str = field(default="unigram", metadata={"choices": ("unigram", "log_uniform")})
+    smoothing: float = field(default=1.0, metadata={"at_least": 0})  # added to every count, so every q_i > 0
+
+
+@dataclass
+class BigramOptions:
+    """``sampler=bigram``: q(j | p) = (1 - w) c(p, j) / c(p) + w u(j) with p the position's input token (the
+    previous word), c the training-split bigram counts and u the smoothed training unigram."""
+
+    # w in (0, 1]: the unigram's share (PTB valid cross-entropy of q is lowest near 0.25-0.3); a token never
+    # followed by anything in training uses the unigram alone
+    unigram_weight: float = field(default=0.25, metadata={"above": 0})  # <= 1: checked by the sampler
+    smoothing: float = field(default=1.0, metadata={"at_least": 0})  # added to every unigram count
+
+
+@dataclass
+class KernelOptions:
+    """What every kernel proposal's divide-and-conquer tree takes (refreshed after every optimizer step)."""
+
+    leaf_size: int | None = field(default=None, metadata={"at_least": 1})  # classes per tree bucket; None: auto
+    eps: float = field(default=1e-6, metadata={"above": 0})  # clamp on tree node scores (RFF estimates can be < 0)
+    # s in [0, 1): round(s m) of each position's m draws come from the training unigram, and every id is corrected
+    # with the mixture (1 - s) q_kernel + s u (docs/strategies.md)
+    unigram_share: float = field(default=0.0, metadata={"at_least": 0, "below": 1})
+    # changed rows enter their bucket as phi(new) - phi(old); a bucket is recomputed after this many such deltas
+    # (bounds float drift); 0: always recompute changed buckets
+    refresh: int = field(default=64, metadata={"at_least": 0})
+    # phi(w) of every class kept beside the tree: auto | full | bfloat16 | off. auto: full precision up to 4 GiB,
+    # else bfloat16 up to 4 GiB, else off; never for quadratic (not worth it there). YAML reads off as false
+    feature_cache: str | bool | None = field(
+        default="auto", metadata={"choices": ("auto", "full", "bfloat16", "off", True, False, None)}
+    )
+
+
+@dataclass
+class QuadraticOptions(KernelOptions):
+    """``sampler=quadratic``: q_i ∝ alpha (h~ . w~_i)^2 + 1 on augmented vectors [h, 1], [w, b] (Blanc & Rendle
+    2018); ``leaf_size`` None means about d'/2 classes per bucket."""
+
+    alpha: float = field(default=100.0, metadata={"above": 0})
+
+
+@dataclass
+class RFFOptions(KernelOptions):
+    """``sampler=rff``: q_i ∝ exp(nu cos(h, w_i)) estimated with D random frequencies (2D features; Rawat et al.
+    2019); ``leaf_size`` None means about 2D / d classes per bucket."""
+
+    # 0.25 here, unlike quadratic: why, docs/strategies.md; measured against 0 (the paper's proposal), docs/results.md
+    unigram_share: float = field(default=0.25, metadata={"at_least": 0, "below": 1})
+    D: int = field(default=1024, metadata={"at_least": 1})  # random frequencies (rows of Omega)
+    nu: float = field(default=4.0, metadata={"above": 0})  # kernel sharpness 1 / T^2, the paper's best T = 0.5
+    temperature: float | None = field(default=None, metadata={"above": 0})  # T; when set it replaces nu
+    seed: int = 0  # Omega is drawn once from this seed and saved in checkpoints (the config: the run's seed)
+    # bfloat16: Omega u from bfloat16 inputs (float32 sums), faster features on CPUs with AVX512-BF16
+    projection: str = field(default="float32", metadata={"choices": ("float32", "bfloat16")})
