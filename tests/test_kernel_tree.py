@@ -7,7 +7,6 @@ import scipy.stats
 import torch
 from scipy.stats import chisquare
 
-from lmtrain.sampler.options import KernelOptions
 from lmtrain.sampler.kernel import (
     FeatureMap,
     KernelSampler,
@@ -15,6 +14,7 @@ from lmtrain.sampler.kernel import (
     QuadraticFeatures,
     RandomFourierFeatures,
 )
+from lmtrain.sampler.options import KernelOptions
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -72,7 +72,8 @@ class AdaptiveSoftmax(OutputLayer):
             )
         self.num_classes, self.dim = num_classes, dim
         self.cutoffs = cutoffs
-        self.asm = nn.AdaptiveLogSoftmaxWithLoss(dim, num_classes, cutoffs, div_value=div_value, head_bias=opts.head_bias)
+        head_bias = opts.head_bias
+        self.asm = nn.AdaptiveLogSoftmaxWithLoss(dim, num_classes, cutoffs, div_value=div_value, head_bias=head_bias)
 
     def log_prob(self, hidden: Tensor, target: Tensor) -> Tensor:
         return self.asm(hidden, target).output  # (N,) exact log p(target | hidden)

@@ -21,7 +21,7 @@ class OptimOptions:
 
     name: str = field(metadata={"choices": ("sgd", "adagrad", "adam")})
     lr: float = field(metadata={"above": 0})
-    clip: float | None = field(default=5.0, metadata={"above": 0})  # global gradient-norm clip (sparse-aware); null: off
+    clip: float | None = field(default=5.0, metadata={"above": 0})  # global gradient-norm clip (sparse-aware); null=off
     weight_decay: float = field(default=0.0, metadata={"at_least": 0})
     sparse_lr: float | None = None  # learning rate of the sparse output rows (default lr)
     # adam: the optimizer of the sparse rows
