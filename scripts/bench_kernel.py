@@ -73,7 +73,7 @@ def kernel_output(kind: str, n: int, dim: int, m: int, D: int = 1024) -> Sampled
         return SampledSoftmax(n, dim, SoftmaxSampler(n), num_samples=m)
     if kind == "quadratic":
         return AbsoluteSampledSoftmax(n, dim, QuadraticSampler(), num_samples=m)
-    return CosineSampledSoftmax(n, dim, RFFSampler(D=D, seed=0), num_samples=m)
+    return CosineSampledSoftmax(n, dim, RFFSampler(D=D, seed=0, unigram_share=0.0), num_samples=m)
 
 
 def table2(sizes: list[int], dims: list[int], repeats: int, warmup: int, budget: float) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lmtrain.config import ConfigError, preflight
 from lmtrain.output import AdaptiveSoftmax
 from lmtrain.output.adaptive import derive_cutoffs, max_clusters
 from lmtrain.training.build import build_output
@@ -70,9 +71,13 @@ def test_config_derives_cutoffs_and_takes_overrides():
         ([0, 100], 4.0, "strictly increasing"),
         ([], 4.0, "strictly increasing"),
         ([100, 500], 64.0, "div_value"),
-        (None, 0.0, "div_value"),
     ],
 )
 def test_bad_cutoffs_or_div_value_raise_one_clear_sentence(cutoffs, div_value, match):
     with pytest.raises(ValueError, match=match):
         AdaptiveSoftmax(1000, 16, cutoffs=cutoffs, div_value=div_value)
+
+
+def test_a_non_positive_div_value_is_refused_by_the_schema():
+    with pytest.raises(ConfigError, match=r"output\.div_value must be > 0, got 0\.0"):
+        preflight(["output=adaptive", "output.div_value=0"])  # checked once, before anything is built

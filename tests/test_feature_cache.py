@@ -58,9 +58,9 @@ def test_auto_takes_full_precision_then_bfloat16_then_none_and_only_where_it_pay
 
 
 def test_the_sampler_config_reaches_the_cache():
-    sampler = RFFSampler(D=16, feature_cache="bfloat16")
+    sampler = RFFSampler(D=16, feature_cache="bfloat16", unigram_share=0.0)
     sampler.update(augmented(50, 4, seed=3))
     assert sampler.tree.store.cache.table.dtype == torch.bfloat16 and sampler.tree.store.cache.table.shape[1] == 32
-    assert RFFSampler(D=16, feature_cache="off").tree.store.cache.mode == "off"
+    assert RFFSampler(D=16, feature_cache="off", unigram_share=0.0).tree.store.cache.mode == "off"
     state = sampler.state_dict()
     assert not any("table" in key for key in state)  # derived state: checkpoints do not carry it

@@ -125,7 +125,7 @@ RFF_D, RFF_NU = 2048, 1.0
 
 
 def rff_sampler(leaf_size: int | None, shared: bool) -> RFFSampler:
-    sampler = RFFSampler(D=RFF_D, nu=RFF_NU, seed=5, leaf_size=leaf_size, feature_cache="off")
+    sampler = RFFSampler(D=RFF_D, nu=RFF_NU, seed=5, leaf_size=leaf_size, feature_cache="off", unigram_share=0.0)
     sampler.share_negatives(shared)
     return sampler
 

@@ -55,7 +55,7 @@ def test_absolute_softmax_scores_and_normalizes():
 def test_cosine_softmax_scores_and_normalizes(norm_eps):
     torch.manual_seed(1)
     output = CosineSampledSoftmax(
-        40, 5, RFFSampler(D=32, seed=0), num_samples=8, tau=7.0, norm_eps=norm_eps, eval_chunk=16
+        40, 5, RFFSampler(D=32, seed=0, unigram_share=0.0), num_samples=8, tau=7.0, norm_eps=norm_eps, eval_chunk=16
     )
     assert output.weight.shape == (40, 5)  # bias=False
     hidden = torch.randn(3, 5)
@@ -70,7 +70,9 @@ def test_soft_normalization_bounds_the_hidden_gradient():
     torch.manual_seed(3)
     grads = {}
     for eps in (0.0, 1.0):
-        output = CosineSampledSoftmax(30, 8, RFFSampler(D=16, seed=0), num_samples=5, tau=10.0, norm_eps=eps)
+        output = CosineSampledSoftmax(
+            30, 8, RFFSampler(D=16, seed=0, unigram_share=0.0), num_samples=5, tau=10.0, norm_eps=eps
+        )
         hidden = (0.01 * torch.randn(4, 8)).requires_grad_()  # |h| ~ 0.03, as a small LSTM output
         output.log_prob(hidden, torch.arange(4)).sum().backward()
         grads[eps] = hidden.grad.norm(dim=1).max().item()
@@ -84,7 +86,7 @@ def test_sparse_training_keeps_the_tree_current(kind):
     if kind == "quadratic":
         output = AbsoluteSampledSoftmax(300, 8, QuadraticSampler(), num_samples=20)
     else:
-        output = CosineSampledSoftmax(300, 8, RFFSampler(D=64, seed=0), num_samples=20)
+        output = CosineSampledSoftmax(300, 8, RFFSampler(D=64, seed=0, unigram_share=0.0), num_samples=20)
     before = output.sampler.tree.nodes.clone()
     losses = train(output, steps=5)
     assert all(torch.isfinite(torch.tensor(losses)))
@@ -94,12 +96,12 @@ def test_sparse_training_keeps_the_tree_current(kind):
 
 def test_resume_restores_omega_and_the_same_draws():
     torch.manual_seed(3)
-    first = CosineSampledSoftmax(300, 8, RFFSampler(D=64, seed=11), num_samples=20)
+    first = CosineSampledSoftmax(300, 8, RFFSampler(D=64, seed=11, unigram_share=0.0), num_samples=20)
     train(first, steps=3)
     state = {k: v.clone() for k, v in first.state_dict().items()}
     assert set(state) == {"weight", "sampler.tree.features.omega"}  # the tree itself is not stored
 
-    resumed = CosineSampledSoftmax(300, 8, RFFSampler(D=64, seed=12), num_samples=20)
+    resumed = CosineSampledSoftmax(300, 8, RFFSampler(D=64, seed=12, unigram_share=0.0), num_samples=20)
     omega = resumed.sampler.features.omega
     assert not torch.equal(omega, state["sampler.tree.features.omega"])
     resumed.load_state_dict(state)
@@ -141,7 +143,7 @@ def test_configs_build_the_kernel_strategies():
     assert output.sampler.features.alpha == 100.0 and output.sampler.tree.bucket_size <= 8
     assert output.weight.shape == (500, 17)  # [W, b]
 
-    with pytest.raises((ValueError, InstantiationException), match="tau must be positive"):
+    with pytest.raises((ValueError, InstantiationException), match=r"output\.tau must be > 0"):
         build_output(make_config(["~data", "output=rff", "output.tau=0"]), 500, 16, counts)
     with pytest.raises((ValueError, InstantiationException), match="leaf_size must be"):
         build_output(make_config(["~data", "output=quadratic", "sampler.leaf_size=0"]), 500, 16, counts)

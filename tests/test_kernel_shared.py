@@ -89,7 +89,7 @@ def shared_layer(kind: str, n: int, d: int, m: int, **options) -> torch.nn.Modul
     options = {"num_samples": m, "shared_negatives": True, **options}
     if kind == "quadratic":
         return AbsoluteSampledSoftmax(n, d, QuadraticSampler(leaf_size=4), **options)
-    return CosineSampledSoftmax(n, d, RFFSampler(D=32, seed=0), **options)
+    return CosineSampledSoftmax(n, d, RFFSampler(D=32, seed=0, unigram_share=0.0), **options)
 
 
 @pytest.mark.parametrize("remove_hits", [True, False])
@@ -170,7 +170,7 @@ def test_configs_default_to_per_example_and_switch_to_shared(name):
 
 
 def test_one_proposal_per_step_holds_the_batch_mixture():
-    sampler = RFFSampler(D=16, seed=0)
+    sampler = RFFSampler(D=16, seed=0, unigram_share=0.0)
     sampler.share_negatives(True)
     weight = torch.randn(40, 5)
     sampler.update(weight)

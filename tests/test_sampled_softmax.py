@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 
-from lmtrain.config import CONF_DIR
+from lmtrain.config import CONF_DIR, ConfigError, preflight
 from lmtrain.output import SampledSoftmax
 from lmtrain.sampler import Sampler, SoftmaxSampler, UniformSampler, UnigramSampler
 from lmtrain.training.build import build_output
@@ -176,8 +176,6 @@ def test_state_dict_load_points_the_softmax_sampler_at_the_loaded_weights():
 @pytest.mark.parametrize(
     ("sampler", "kwargs", "message"),
     [
-        (UniformSampler(N_CLASSES), {"num_samples": 0}, "num_samples must be a positive"),
-        (UniformSampler(N_CLASSES), {"correction": "bogus"}, "correction must be"),
         (SoftmaxSampler(N_CLASSES), {"unique": True}, "unique=true needs shared negatives"),
         (UniformSampler(N_CLASSES), {"unique": True, "shared_negatives": False}, "unique=true needs shared"),
         (UniformSampler(N_CLASSES), {"unique": True, "num_samples": N_CLASSES}, "num_samples < num_classes"),
@@ -186,6 +184,18 @@ def test_state_dict_load_points_the_softmax_sampler_at_the_loaded_weights():
 def test_bad_options_raise_value_error(sampler, kwargs, message):
     with pytest.raises(ValueError, match=message):
         SampledSoftmax(N_CLASSES, DIM, sampler, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("output.num_samples=0", r"output\.num_samples must be >= 1, got 0"),
+        ("output.correction=bogus", r"output\.correction must be one of 'exact', 'classic', got 'bogus'"),
+    ],
+)
+def test_out_of_range_options_are_refused_by_the_schema(override, message):
+    with pytest.raises(ConfigError, match=message):  # checked once, before anything is built
+        preflight(["output=sampled", override])
 
 
 @pytest.mark.parametrize(

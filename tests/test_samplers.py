@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from lmtrain.config import ConfigError, preflight
 from lmtrain.sampler import SoftmaxSampler, UniformSampler, UnigramSampler
 from lmtrain.sampler.unigram import alias_table
 
@@ -143,8 +144,6 @@ def test_uniform_log_q():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"distribution": "zipf"}, "distribution must be"),
-        ({"power": -1.0}, "power must be >= 0"),
         ({"counts": None}, "needs the training-split counts"),
         ({"counts": torch.ones(3, dtype=torch.long)}, "counts has 3 entries"),
         ({"smoothing": 0.0}, "smoothing > 0"),
@@ -154,6 +153,18 @@ def test_unigram_bad_options_raise_value_error(kwargs, message):
     options = {"counts": zipf_counts(N_CLASSES), **kwargs}
     with pytest.raises(ValueError, match=message):
         UnigramSampler(N_CLASSES, **options)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("sampler.distribution=zipf", r"sampler\.distribution must be one of 'unigram', 'log_uniform', got 'zipf'"),
+        ("sampler.power=-1", r"sampler\.power must be >= 0, got -1\.0"),
+    ],
+)
+def test_unigram_out_of_range_options_are_refused_by_the_schema(override, message):
+    with pytest.raises(ConfigError, match=message):  # checked once, by the schema, before anything is built
+        preflight(["output=unigram", override])
 
 
 def test_softmax_sampler_without_weights_raises():

@@ -85,11 +85,10 @@ def changed_rows(param: Tensor, repeats: bool = False) -> Tensor | None:
 
 
 def initial_bias(kind: str, num_classes: int, counts: Tensor | None) -> Tensor:
-    """Initial output biases (n,): zeros, or ln of the add-one-smoothed unigram of the training ``counts``."""
+    """Initial output biases (n,): zeros, or (``log_unigram``) ln of the add-one-smoothed unigram of the training
+    ``counts``; the config check has refused any other ``kind`` (the ``bias_init`` schema field's choices)."""
     if kind == "zero":
         return torch.zeros(num_classes)
-    if kind != "log_unigram":
-        raise ValueError(f"output.bias_init must be 'zero' or 'log_unigram', got {kind!r}")
     if counts is None or counts.numel() != num_classes:
         raise ValueError("output.bias_init=log_unigram needs the training counts, one per class")
     smoothed = counts.detach().double().cpu().reshape(-1) + 1.0

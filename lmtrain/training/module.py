@@ -29,12 +29,8 @@ class LanguageModel(StepMetrics):
     (``lmtrain.training.resume``).
     """
 
-    def __init__(
-        self, encoder: nn.Module, output: OutputLayer, optim: dict[str, Any], loss_reduction: str = "mean"
-    ) -> None:
+    def __init__(self, encoder: nn.Module, output: OutputLayer, optim: dict[str, Any], loss_reduction: str) -> None:
         super().__init__()
-        if loss_reduction not in ("mean", "sum"):
-            raise ValueError(f"loss_reduction must be 'mean' or 'sum' (over time steps), got {loss_reduction!r}")
         self.encoder, self.output = encoder, output
         self.optim = dict(optim)
         self.loss_reduction = loss_reduction
