@@ -99,7 +99,7 @@ def build_optimizer(
     momentum would change every output row at every step, so they are refused for sparse parameters.
     """
     dense, sparse = list(dense), list(sparse)
-    sparse_optimizer = str(kwargs.pop("sparse_optimizer", "sparse_adam"))
+    sparse_optimizer = str(kwargs.pop("sparse_optimizer", OptimOptions.sparse_optimizer))  # the schema's default
     sparse_lr = float(kwargs.pop("sparse_lr", None) or lr)
     if sparse:
         for key in _NO_SPARSE_KEYS:
