@@ -133,3 +133,10 @@ def test_the_checks_see_a_default_written_twice():
     schema = ConfigStore.instance().load("schema/sampler/rff.yaml").node
     assert OmegaConf.select(schema, "D") == 1024 and OmegaConf.select(schema, "unigram_share") == 0.25
     assert OmegaConf.to_container(schema, resolve=False)["seed"] == "${seed}"
+
+
+def test_the_primary_config_restates_no_top_level_default():
+    body = OmegaConf.load(CONF_DIR / "train.yaml")
+    schema = ConfigStore.instance().load("schema/train.yaml").node
+    restated = [key for key in body if key not in ("defaults", "hydra") and body[key] == schema.get(key)]
+    assert not restated, f"conf/train.yaml restates RunConfig's defaults: {restated}"
