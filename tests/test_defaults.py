@@ -17,7 +17,7 @@ from lmtrain.config import CONF_DIR, choices
 from tests.conftest import make_config
 
 PARTS = ("model", "sampler", "output", "optim")  # the groups whose YAML keep only what differs (not the presets)
-BUILT = ("model", "sampler", "output")  # the groups whose node is lmtrain's class to build (``_target_``)
+BUILT = ("model", "sampler", "output", "data")  # the groups whose node is lmtrain's class to build (``_target_``)
 OPTIONS = [(g, c) for g in PARTS for c in choices(g)]
 BUILT_OPTIONS = [(g, c) for g in BUILT for c in choices(g)]
 

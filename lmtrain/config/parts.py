@@ -12,8 +12,7 @@ from typing import Any
 from omegaconf import II
 
 from lmtrain.common.execution import Execution
-from lmtrain.data.synthetic import SyntheticOptions
-from lmtrain.data.zipf_topics import ZipfTopicOptions
+from lmtrain.data.options import BatchOptions, SyntheticDataOptions, TextOptions, ZipfDataOptions
 from lmtrain.model.lstm import LSTMOptions
 from lmtrain.training.optim import OptimOptions, torch_optimizer
 
@@ -59,27 +58,16 @@ class RunConfig:
 
 
 @dataclass
-class DataConfig:
-    """What every corpus takes: the batch layout and where token ids are cached."""
+class DataConfig(BatchOptions):
+    """What every corpus takes (``lmtrain.data.options.BatchOptions``) and its name; ``data/`` holds presets."""
 
     _target_: str = "lmtrain.data.TextDataModule"
     name: str = "???"
-    cache_dir: str | None = None
-    batch_size: int = field(default=20, metadata=AT_LEAST_1)
-    bptt: int = field(default=35, metadata=AT_LEAST_1)
-    eval_batch_size: int = field(default=10, metadata=AT_LEAST_1)
 
 
 @dataclass
-class TextDataConfig(DataConfig):
+class TextDataConfig(DataConfig, TextOptions):
     """``data=ptb|wikitext2|wikitext103|text``: text files in a folder, downloaded when ``hub_dataset`` is set."""
-
-    root: str = "data"
-    path: str | None = None
-    hub_dataset: str | None = None
-    hub_config: str | None = None
-    hub_data_files: dict[str, str] | None = None
-    hub_field: str = "text"
 
 
 @dataclass
@@ -90,14 +78,14 @@ class FolderDataConfig(TextDataConfig):
 
 
 @dataclass
-class SyntheticDataConfig(DataConfig, SyntheticOptions):
+class SyntheticDataConfig(SyntheticDataOptions):
     """``data=synthetic``: the seeded Zipf-Markov source."""
 
     _target_: str = "lmtrain.data.SyntheticDataModule"
 
 
 @dataclass
-class ZipfDataConfig(DataConfig, ZipfTopicOptions):
+class ZipfDataConfig(ZipfDataOptions):
     """``data=zipf``: the seeded large-vocabulary topic source."""
 
     _target_: str = "lmtrain.data.ZipfDataModule"

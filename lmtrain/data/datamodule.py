@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -14,11 +13,11 @@ from torch.utils.data import DataLoader
 
 from lmtrain.data.batching import StreamLoader, StreamSampler, WindowDataset, batchify, shard_rows
 from lmtrain.data.corpus import Corpus
-from lmtrain.data.errors import DataError
-from lmtrain.data.synthetic import SyntheticOptions, synthetic_corpus
+from lmtrain.data.options import BatchOptions, SyntheticDataOptions, TextOptions, ZipfDataOptions
+from lmtrain.data.synthetic import synthetic_corpus
 from lmtrain.data.text import ensure_corpus, hub_source
 from lmtrain.data.tokenizer import load_corpus
-from lmtrain.data.zipf_topics import ZipfTopicOptions, zipf_topic_corpus
+from lmtrain.data.zipf_topics import zipf_topic_corpus
 
 
 class LMDataModule(L.LightningDataModule):
@@ -33,12 +32,9 @@ class LMDataModule(L.LightningDataModule):
 
     runtime_args: ClassVar[tuple[str, ...]] = ()  # built from its config alone
 
-    def __init__(self, batch_size: int = 20, bptt: int = 35, eval_batch_size: int = 10) -> None:
+    def __init__(self, batch: BatchOptions) -> None:
         super().__init__()
-        for key, value in (("batch_size", batch_size), ("bptt", bptt), ("eval_batch_size", eval_batch_size)):
-            if int(value) < 1:
-                raise DataError(f"data.{key} is {value}: set it to a positive integer.")
-        self.batch_size, self.bptt, self.eval_batch_size = int(batch_size), int(bptt), int(eval_batch_size)
+        self.batch_size, self.bptt, self.eval_batch_size = batch.batch_size, batch.bptt, batch.eval_batch_size
         self.corpus: Corpus | None = None
         self.train_sampler: StreamSampler | None = None
         self.num_train_windows = 0
@@ -125,25 +121,14 @@ class TextDataModule(LMDataModule):
     from the directory the program was started in.
     """
 
-    def __init__(
-        self,
-        name: str,
-        root: str = "data",
-        path: str | None = None,
-        cache_dir: str | None = "data/cache",
-        batch_size: int = 20,
-        bptt: int = 35,
-        eval_batch_size: int = 10,
-        hub_dataset: str | None = None,
-        hub_config: str | None = None,
-        hub_data_files: Mapping[str, str] | None = None,
-        hub_field: str = "text",
-    ) -> None:
-        super().__init__(batch_size, bptt, eval_batch_size)
+    def __init__(self, name: str, **options: Any) -> None:
+        opts = TextOptions(**options)  # the keys left out take their defaults
+        super().__init__(opts)
         self.name = name
+        root, path, cache_dir = opts.root, opts.path, opts.cache_dir
         self.folder = Path(to_absolute_path(str(path))) if path else Path(to_absolute_path(str(root))) / name
         self.cache_dir = Path(to_absolute_path(str(cache_dir))) if cache_dir else None
-        self.source = hub_source(hub_dataset, hub_config, hub_data_files, hub_field)
+        self.source = hub_source(opts.hub_dataset, opts.hub_config, opts.hub_data_files, opts.hub_field)
 
     def load_corpus(self) -> Corpus:
         paths = ensure_corpus(self.folder, self.name, self.source, self.cache_dir)
@@ -157,18 +142,10 @@ class SyntheticDataModule(LMDataModule):
     data config, and unused.
     """
 
-    def __init__(
-        self,
-        batch_size: int = 32,
-        bptt: int = 35,
-        eval_batch_size: int = 10,
-        name: str = "synthetic",
-        cache_dir: str | None = None,
-        **source: Any,
-    ) -> None:
-        super().__init__(batch_size, bptt, eval_batch_size)
-        self.name = name
-        self.options = SyntheticOptions(**source)
+    def __init__(self, **options: Any) -> None:
+        opts = SyntheticDataOptions(**options)  # the keys left out take their defaults
+        super().__init__(opts)
+        self.options, self.name = opts, opts.name
 
     def load_corpus(self) -> Corpus:
         return synthetic_corpus(self.options)
@@ -181,18 +158,10 @@ class ZipfDataModule(LMDataModule):
     a few seconds for 10^6 types); ``cache_dir`` is accepted, like in every data config, and unused.
     """
 
-    def __init__(
-        self,
-        batch_size: int = 20,
-        bptt: int = 35,
-        eval_batch_size: int = 10,
-        name: str = "zipf",
-        cache_dir: str | None = None,
-        **source: Any,
-    ) -> None:
-        super().__init__(batch_size, bptt, eval_batch_size)
-        self.name = name
-        self.options = ZipfTopicOptions(**source)
+    def __init__(self, **options: Any) -> None:
+        opts = ZipfDataOptions(**options)  # the keys left out take their defaults
+        super().__init__(opts)
+        self.options, self.name = opts, opts.name
 
     def load_corpus(self) -> Corpus:
         return zipf_topic_corpus(self.options)

@@ -1,0 +1,51 @@
+"""The options of the data modules: the keys of a ``data=...`` config and their defaults, ranges (``metadata``,
+read by the config check) and meaning, written once. A data module's constructor takes them as keywords and fills
+the ones left out from here; the config schemas (``lmtrain/config/parts.py``) add the class to build."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from lmtrain.data.synthetic import SyntheticOptions
+from lmtrain.data.zipf_topics import ZipfTopicOptions
+
+AT_LEAST_1 = {"at_least": 1}
+
+
+@dataclass
+class BatchOptions:
+    """What every corpus takes: the batch layout and where token ids are cached."""
+
+    cache_dir: str | None = None  # the token-id cache (None or "": none); generated sources accept it and ignore it
+    batch_size: int = field(default=20, metadata=AT_LEAST_1)  # rows of a training batch (parallel streams)
+    bptt: int = field(default=35, metadata=AT_LEAST_1)  # window length T of truncated backpropagation
+    eval_batch_size: int = field(default=10, metadata=AT_LEAST_1)  # rows of a validation or test batch
+
+
+@dataclass
+class TextOptions(BatchOptions):
+    """A word-level corpus in ``path``, or else ``root/name``, holding train.txt, valid.txt and test.txt; missing
+    files are downloaded when ``hub_dataset`` is set (``lmtrain.data.text``). Relative paths are taken from the
+    folder the program was started in."""
+
+    root: str = "data"
+    path: str | None = None
+    hub_dataset: str | None = None  # "text" (plain files from hub_data_files) or a Hugging Face dataset name
+    hub_config: str | None = None
+    hub_data_files: dict[str, str] | None = None  # split -> URL or file pattern
+    hub_field: str = "text"  # the record field that holds a line of text
+
+
+@dataclass
+class SyntheticDataOptions(BatchOptions, SyntheticOptions):
+    """``data=synthetic``: the seeded Zipf-Markov source, generated in memory on every setup."""
+
+    name: str = "synthetic"
+    batch_size: int = field(default=32, metadata=AT_LEAST_1)
+
+
+@dataclass
+class ZipfDataOptions(BatchOptions, ZipfTopicOptions):
+    """``data=zipf``: the seeded large-vocabulary topic source, generated in memory on every setup."""
+
+    name: str = "zipf"
