@@ -14,7 +14,7 @@ ALLOWED = {
     "entry": {"cli", "config", "training", "tools"},
     "cli": {"training", "data"},
     "tools": {"cli", "config", "training", "output", "sampler", "model", "data"},
-    "config": {"training", "output", "data"},
+    "config": {"training", "model", "output", "sampler", "data"},  # the schemas subclass the parts' options
     "study": {"tools", "training", "config"},  # studies run `python -m lmtrain` processes and read their folders
     "training": {"model", "output", "sampler", "data"},
     "output": {"sampler"},
