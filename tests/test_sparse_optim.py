@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+from lmtrain.config import ConfigError, preflight
 from lmtrain.output import NCE, SampledSoftmax
 from lmtrain.sampler import UniformSampler, UnigramSampler
 from lmtrain.training.optim import MixedOptimizer, build_optimizer, clip_grad_norm
@@ -176,15 +177,26 @@ def test_sparse_lr_sets_the_output_rows_learning_rate():
 @pytest.mark.parametrize(
     ("name", "kwargs", "message"),
     [
-        ("rmsprop", {}, "unknown optim.name 'rmsprop'"),
         ("sgd", {"weight_decay": 1e-4}, "weight_decay=0.0001 would update every row of the sparse-gradient weights"),
         ("sgd", {"momentum": 0.9}, "momentum=0.9 would update every row of the sparse-gradient weights"),
-        ("adam", {"sparse_optimizer": "lamb"}, "sparse_optimizer must be sparse_adam or adagrad"),
     ],
 )
 def test_bad_optimizer_options_raise_value_error(name, kwargs, message):
     with pytest.raises(ValueError, match=message):
         Tiny().optimizer(name, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("optim.name=rmsprop", r"optim\.name must be one of 'sgd', 'adagrad', 'adam', got 'rmsprop'"),
+        ("optim.sparse_optimizer=lamb", r"optim\.sparse_optimizer must be one of 'sparse_adam', 'adagrad'"),
+        ("optim.schedule.kind=cosine", r"optim\.schedule\.kind must be one of 'step', 'plateau', 'none'"),
+    ],
+)
+def test_out_of_range_optimizer_options_are_refused_by_the_schema(override, message):
+    with pytest.raises(ConfigError, match=message):  # checked once, before anything is built
+        preflight(["optim=adam", override])
 
 
 def test_dense_outputs_keep_weight_decay():

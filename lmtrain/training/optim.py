@@ -116,18 +116,15 @@ def build_optimizer(
         return torch.optim.SGD(groups, lr=lr, **kwargs)
     if name == "adagrad":
         return torch.optim.Adagrad(groups, lr=lr, **kwargs)
-    if name != "adam":
-        raise ValueError(f"unknown optim.name {name!r}; choose sgd, adagrad or adam")
+    # adam: the schema's choices (OptimOptions.name, checked with the config) leave no other name
     if not sparse:
         return torch.optim.Adam(dense, lr=lr, **kwargs)
     children: list[torch.optim.Optimizer] = [torch.optim.Adam(dense, lr=lr, **kwargs)] if dense else []
     if sparse_optimizer == "sparse_adam":
         adam_keys = {k: v for k, v in kwargs.items() if k in ("betas", "eps")}
         children.append(torch.optim.SparseAdam(sparse, lr=sparse_lr, **adam_keys))
-    elif sparse_optimizer == "adagrad":
+    else:  # adagrad, the schema's other choice
         children.append(torch.optim.Adagrad(sparse, lr=sparse_lr, eps=float(kwargs.get("eps", 1e-10))))
-    else:
-        raise ValueError(f"optim.sparse_optimizer must be sparse_adam or adagrad, got {sparse_optimizer!r}")
     return MixedOptimizer(children)
 
 

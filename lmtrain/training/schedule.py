@@ -12,6 +12,8 @@ import torch
 class ScheduleOptions:
     """The keys of ``optim.schedule`` and their defaults (also its config schema, ``lmtrain/config/``)."""
 
+    # step: lr * decay every epoch after `start` epochs; plateau: lr * decay after `patience` epochs without a
+    # val/ppl improvement; none
     kind: str | None = field(default="none", metadata={"choices": ("step", "plateau", "none", None)})
     start: int = field(default=0, metadata={"at_least": 0})  # step: epochs at the full lr before the decay
     decay: float = field(default=0.5, metadata={"above": 0})  # the factor applied per epoch (step) or per plateau
@@ -42,6 +44,4 @@ def build_scheduler(optimizer: torch.optim.Optimizer, schedule: dict[str, Any]) 
             optimizer, mode="min", factor=float(options.decay), patience=int(options.patience)
         )
         return {"scheduler": plateau, "monitor": "val/ppl", "interval": "epoch"}
-    if kind in ("none", None):
-        return None
-    raise ValueError(f"optim.schedule.kind must be step, plateau or none, got {kind!r}")
+    return None  # none: the schema's choices (ScheduleOptions.kind, checked with the config) leave no other kind
