@@ -11,9 +11,25 @@ import lightning as L
 import torch
 from torch import Tensor
 
+from lmtrain.training.host_time import FastAttributes
 
-class StepMetrics(L.LightningModule):
+
+class StepMetrics(FastAttributes, L.LightningModule):
     """The LightningModule base that writes the per-step training metrics (see the module docstring)."""
+
+    # written at every step with host values: no nn.Module checks (FastAttributes)
+    FAST_ATTRIBUTES = FastAttributes.FAST_ATTRIBUTES | {
+        "_clock",
+        "_tokens",
+        "_loss_sum",
+        "_loss_steps",
+        "_trained",
+        "_run_tokens",
+        "_run_from",
+        "_segment",
+        "train_seconds",
+        "_batches_done",
+    }
 
     def __init__(self) -> None:
         super().__init__()
