@@ -7,9 +7,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from lmtrain.common.precision import float32_region
 from lmtrain.model import State
 from lmtrain.output import OutputLayer
-from lmtrain.sampler.precision import float32_region
 from lmtrain.training.ddp import ddp_ignored, mean_over_ranks
 from lmtrain.training.optim import build_optimizer
 from lmtrain.training.resume import Resumed, checkpoint_entry, resume_fit
