@@ -16,6 +16,7 @@ from lmtrain.training.loggers import build_loggers
 from lmtrain.training.loggers.wandb_run import finish_wandb
 from lmtrain.training.rng import seed_run, set_rng_states
 from lmtrain.training.run_folder import (
+    add_results,
     hydra_context,
     prepare_resume,
     resolve_ckpt,
@@ -55,7 +56,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     run_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)  # there from the start, also if the run dies
     Vocabulary(datamodule.vocab, datamodule.counts).save(run_dir)  # vocab.tsv: what generate and score read text with
-    write_run_info(run_dir, name, output_choice, cfg, {}, entropy_rate=datamodule.entropy_rate)
+    write_run_info(run_dir, name, output_choice, cfg, datamodule.entropy_rate)
     loggers = build_loggers(cfg, run_dir, name, resume_id, output_choice)
     callbacks = build_callbacks(cfg, run_dir / "checkpoints", resume_command(run_dir, overrides))
     trainer = build_trainer(cfg, loggers, callbacks, run_dir)
@@ -81,9 +82,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         tested = trainer.test(module, datamodule=datamodule, ckpt_path=best_path, verbose=False, weights_only=True)
         metrics.update({k: float(v) for k, v in (tested[0] if tested else {}).items() if k not in ("epoch", "step")})
     if trainer.is_global_zero:  # one writer under DDP
-        write_run_info(
-            run_dir, name, output_choice, cfg, metrics, time.perf_counter() - started, datamodule.entropy_rate
-        )
+        add_results(run_dir, metrics, time.perf_counter() - started)
     for lg in loggers:
         lg.finalize("success")
     offline_wandb = finish_wandb()
