@@ -14,7 +14,7 @@ from lmtrain.cli.resume import resume_in_place
 from lmtrain.config import CONF_DIR, ConfigError, preflight
 
 
-def run_folder(args: list[str]) -> RunFolder:
+def claimed_folder(args: list[str]) -> RunFolder:
     """What a failed call may remove: its run folder only if this call creates it (Hydra's dated default is new
     for every call; a hydra.run.dir from the command line must not exist yet), and with the default
     outputs/DATE/TIME layout also the DATE and outputs folders it leaves empty."""
@@ -22,7 +22,7 @@ def run_folder(args: list[str]) -> RunFolder:
     return RunFolder(started=time.time(), own=not given or not Path(given[-1]).exists(), parents=0 if given else 2)
 
 
-FOLDER = run_folder(sys.argv[1:])  # before Hydra creates the folder
+FOLDER = claimed_folder(sys.argv[1:])  # before Hydra creates the folder
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")
@@ -39,5 +39,5 @@ if __name__ == "__main__":
     except ConfigError as err:
         fail(str(err))
     sys.argv[1:] = resume_in_place(sys.argv[1:])  # ckpt_path=last goes on in the folder it resumes
-    FOLDER = run_folder(sys.argv[1:])
+    FOLDER = claimed_folder(sys.argv[1:])
     main()

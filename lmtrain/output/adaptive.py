@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 from torch import Tensor, nn
 
+from lmtrain.common.precision import in_float32
 from lmtrain.output.base import OutputLayer
-from lmtrain.sampler.precision import in_float32
 
 HEAD_CAP, TAIL_FRACTION, MAX_CLUSTERS = 2000, 0.6, 3
 

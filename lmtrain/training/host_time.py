@@ -48,9 +48,10 @@ class RunCheckpoint(ModelCheckpoint):
     """Lightning's ``ModelCheckpoint`` with its state key computed once, and a time trigger beside the step trigger.
 
     Lightning formats ``state_key`` (a ``repr`` of the triggers) for every hook it calls on the callback, six times
-    a step; it never changes after construction, so it is computed here once, as ``ModelCheckpoint`` spells it. ``every_minutes`` writes the periodic
-    checkpoint also when that many minutes of training passed since the last one (Lightning's batch-end check reads
-    both triggers; its constructor only refuses them together), so one callback does what two did."""
+    a step; it never changes after construction, so it is computed here once, as ``ModelCheckpoint`` spells it.
+    ``every_minutes`` writes the periodic checkpoint also when that many minutes of training passed since the last
+    one (Lightning's batch-end check reads both triggers; its constructor only refuses them together), so one
+    callback does what two did."""
 
     def __init__(self, every_minutes: float | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -1,4 +1,4 @@
-"""The process and the Lightning Trainer of a run: threads, seeds and allocator; checkpoints, callbacks, loggers."""
+"""The process and the Lightning Trainer of a run: threads and allocator; checkpoints, callbacks, loggers."""
 
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ from lmtrain.training.threads import apply_threads
 
 
 def prepare_process(cfg: DictConfig) -> None:
-    """Threads (parallel jobs share the cores instead of fighting over them), the seed, matmul precision, subnormal
-    floats flushed, and glibc malloc kept from faulting each step's big buffers in again (``reuse_freed_memory``)."""
+    """Threads (parallel jobs share the cores instead of fighting over them), matmul precision, subnormal floats
+    flushed, and glibc malloc kept from faulting each step's big buffers in again (``reuse_freed_memory``). The seed:
+    ``rng.seed_run``."""
     apply_threads(cfg.get("threads", "auto"))
-    L.seed_everything(cfg.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision("high")
     torch.set_flush_denormal(True)  # tiny LSTM gradients as subnormal floats are very slow on CPUs
     if cfg.get("reuse_freed_memory", True):
