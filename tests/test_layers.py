@@ -12,9 +12,9 @@ ROOT = Path(lmtrain.__file__).parent
 # the layers each layer may import (besides itself)
 ALLOWED = {
     "entry": {"cli", "config", "training", "tools"},
-    "cli": {"training", "data"},
+    "cli": {"config", "training", "data"},
     "tools": {"cli", "config", "training", "output", "sampler", "model", "data"},
-    "config": {"training", "output", "data"},
+    "config": {"output", "data"},
     "study": {"tools", "training", "config"},  # studies run `python -m lmtrain` processes and read their folders
     "training": {"model", "output", "sampler", "data"},
     "output": {"sampler"},
