@@ -30,6 +30,7 @@ def refusal(args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ca
     folders = [f"hydra.run.dir={out}/run", f"hydra.sweep.dir={out}/multirun"]
     quiet = ["hydra/job_logging=none", "hydra/hydra_logging=none"]
     monkeypatch.setattr(sys, "argv", ["lmtrain", *args, *folders, *quiet])
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")  # as run_app sets it; restored after the test
     ACCEPTED.clear()
     capsys.readouterr()
     try:

@@ -5,8 +5,7 @@ before Hydra creates a folder, as one line and exit code 2."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +26,9 @@ SWEEP_HINT = (
 
 def run_app(app: Callable[[], Any]) -> None:
     """Run ``app``, a ``@hydra.main`` function over conf/train.yaml; a refused command line ends in one line."""
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises its errors instead of printing them and exiting with 1
     try:
-        with hydra_errors_raised():
-            app()
+        app()
     except ConfigRefused as refused:  # lmtrain's checks of the config Hydra composed
         fail(str(refused))
     except REFUSALS as exc:
@@ -40,25 +39,11 @@ def refusal(exc: BaseException) -> str:
     """Hydra's error in one line, with the hints that need the command line as Hydra read it."""
     from hydra._internal.utils import get_args_parser
 
-    args = get_args_parser().parse_args()  # Hydra's parser: what Hydra itself read from sys.argv
+    args = get_args_parser().parse_args()  # the arguments as Hydra read them, with its own parser (as hydra.main)
     config_dir = Path(args.config_dir).resolve() if args.config_dir else None
     if isinstance(exc, SearchPathException):
         return str(exc)
     with composer(config_dir) as compose:
         message = explain(exc, list(args.overrides), compose)
-    unknown_key = isinstance(exc.__cause__, (KeyError, AttributeError)) or message.startswith("unknown key")
+    unknown_key = isinstance(exc.__cause__, (KeyError, AttributeError))  # OmegaConf's errors of a missing key
     return message + (SWEEP_HINT if args.multirun and unknown_key else "")
-
-
-@contextmanager
-def hydra_errors_raised() -> Iterator[None]:
-    """Hydra prints its errors and exits 1 unless HYDRA_FULL_ERROR is set, when it raises them."""
-    before = os.environ.get("HYDRA_FULL_ERROR")
-    os.environ["HYDRA_FULL_ERROR"] = "1"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["HYDRA_FULL_ERROR"]
-        else:
-            os.environ["HYDRA_FULL_ERROR"] = before
