@@ -17,7 +17,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationErr
 
 from lmtrain.config.validate import unknown_key
 
-Compose = Callable[[list[str]], DictConfig]  # train.yaml with these overrides, its hydra node included
+Compose = Callable[..., DictConfig]  # compose(overrides, hydra=False): train.yaml with these overrides
 
 
 def explain(exc: BaseException, overrides: list[str], compose: Compose) -> str:
