@@ -9,9 +9,10 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from lmtrain.cli.failures import RunFolder, fail, run_guarded
+from lmtrain.cli.app import run_app
+from lmtrain.cli.failures import RunFolder, run_guarded
 from lmtrain.cli.resume import resume_in_place
-from lmtrain.config import CONF_DIR, ConfigError, preflight
+from lmtrain.config import CONF_DIR
 
 
 def claimed_folder(args: list[str]) -> RunFolder:
@@ -34,10 +35,6 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    try:
-        preflight(sys.argv[1:])
-    except ConfigError as err:
-        fail(str(err))
     sys.argv[1:] = resume_in_place(sys.argv[1:])  # ckpt_path=last goes on in the folder it resumes
     FOLDER = claimed_folder(sys.argv[1:])
-    main()
+    run_app(main)  # Hydra's errors and lmtrain.config's checks (before any folder exists): one line, exit 2

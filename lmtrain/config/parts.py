@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lmtrain.common.execution import Execution
+from lmtrain.common.optim_options import OptimOptions, torch_optimizer
 from lmtrain.data.synthetic import SyntheticOptions
 from lmtrain.data.zipf_topics import ZipfTopicOptions
-from lmtrain.training.optim import OptimOptions, torch_optimizer
 
 AT_LEAST_1 = {"at_least": 1}
 
