@@ -9,12 +9,13 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from lmtrain.cli.failures import RunFolder, fail, run_guarded
+from lmtrain.cli.app import run_app
+from lmtrain.cli.failures import RunFolder, run_guarded
 from lmtrain.cli.resume import resume_in_place
-from lmtrain.config import CONF_DIR, ConfigError, preflight
+from lmtrain.config import CONF_DIR
 
 
-def run_folder(args: list[str]) -> RunFolder:
+def claimed_folder(args: list[str]) -> RunFolder:
     """What a failed call may remove: its run folder only if this call creates it (Hydra's dated default is new
     for every call; a hydra.run.dir from the command line must not exist yet), and with the default
     outputs/DATE/TIME layout also the DATE and outputs folders it leaves empty."""
@@ -22,7 +23,7 @@ def run_folder(args: list[str]) -> RunFolder:
     return RunFolder(started=time.time(), own=not given or not Path(given[-1]).exists(), parents=0 if given else 2)
 
 
-FOLDER = run_folder(sys.argv[1:])  # before Hydra creates the folder
+FOLDER = claimed_folder(sys.argv[1:])  # before Hydra creates the folder
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")
@@ -34,10 +35,6 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    try:
-        preflight(sys.argv[1:])
-    except ConfigError as err:
-        fail(str(err))
     sys.argv[1:] = resume_in_place(sys.argv[1:])  # ckpt_path=last goes on in the folder it resumes
-    FOLDER = run_folder(sys.argv[1:])
-    main()
+    FOLDER = claimed_folder(sys.argv[1:])
+    run_app(main)  # Hydra's errors and lmtrain.config's checks (before any folder exists): one line, exit 2

@@ -1,6 +1,6 @@
-"""`python -m lmtrain.plot RUN_OR_SWEEP...`: the command; the tool is `lmtrain.tools.curve_plot`."""
+"""`python -m lmtrain.plot RUN_OR_SWEEP...`: the command; the tool is `lmtrain.tools.plot`."""
 
-from lmtrain.tools.curve_plot import main
+from lmtrain.tools.plot import main
 
 if __name__ == "__main__":
     main()

@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from lmtrain.tools.results import training_throughput
+from lmtrain.tools.run_records import training_throughput
 from lmtrain.training.threads import usable_cores
 
 

@@ -56,7 +56,7 @@ import torch.nn.functional as F
 from hydra.utils import instantiate
 
 from lmtrain.config import compose_config
-from lmtrain.tools.results import read_metrics, training_throughput
+from lmtrain.tools.run_records import read_metrics, training_throughput
 from lmtrain.training.memory import reuse_freed_memory
 from lmtrain.training.run import train
 

@@ -73,22 +73,22 @@ def run_info(run_dir: Path) -> dict[str, Any]:
     return json.loads((run_dir / "run.json").read_text())
 
 
-def wandb_records(run_folder: Path, wait_for: str = "exit", timeout: float = 30.0) -> list[Any]:
+def wandb_records(run_dir: Path, wait_for: str = "exit", timeout: float = 30.0) -> list[Any]:
     """The protobuf records of an offline W&B run (its run-ID.wandb file, LevelDB log format). W&B's service
     process writes the file after the run has finished in this process, so the read waits (up to ``timeout``
     seconds) until a ``wait_for`` record (the run's last) is there; the caller's assertions then see all of it."""
     deadline = time.monotonic() + timeout
-    records = read_wandb_file(run_folder)
+    records = read_wandb_file(run_dir)
     while not any(r.WhichOneof("record_type") == wait_for for r in records) and time.monotonic() < deadline:
         time.sleep(0.2)
-        records = read_wandb_file(run_folder)
+        records = read_wandb_file(run_dir)
     return records
 
 
-def read_wandb_file(run_folder: Path) -> list[Any]:
+def read_wandb_file(run_dir: Path) -> list[Any]:
     from wandb.proto import wandb_internal_pb2 as pb
 
-    data = next(run_folder.glob("run-*.wandb")).read_bytes()
+    data = next(run_dir.glob("run-*.wandb")).read_bytes()
     block, pos, chunks, records = 32768, 7, b"", []  # a 7-byte file header, then 32 KiB blocks of chunks
     while pos + 7 <= len(data):
         if block - pos % block < 7:  # a block's tail too short for a chunk header is padding

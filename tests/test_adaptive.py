@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmtrain.config import ConfigError, preflight
+from lmtrain.config import ConfigError, compose_config
 from lmtrain.output import AdaptiveSoftmax
 from lmtrain.output.adaptive import derive_cutoffs, max_clusters
 from lmtrain.training.build import build_output
@@ -80,4 +80,4 @@ def test_bad_cutoffs_or_div_value_raise_one_clear_sentence(cutoffs, div_value, m
 
 def test_a_non_positive_div_value_is_refused_by_the_schema():
     with pytest.raises(ConfigError, match=r"output\.div_value must be > 0, got 0\.0"):
-        preflight(["output=adaptive", "output.div_value=0"])  # checked once, before anything is built
+        compose_config(["output=adaptive", "output.div_value=0"])  # checked once, before anything is built

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from lmtrain.config import ConfigError, preflight
+from lmtrain.config import ConfigError
 from lmtrain.model import LSTMEncoder
 from lmtrain.output import FullSoftmax
 from lmtrain.training.step import window_loss
@@ -143,4 +143,4 @@ def test_the_config_carries_the_rule_and_refuses_a_negative_chunk():
     output = make_config(["output=full"]).output
     assert output.train_chunk is None and output.logits_mib == 128
     with pytest.raises(ConfigError, match=r"output\.train_chunk must be >= 0"):
-        preflight(["output=full", "output.train_chunk=-1"])
+        make_config(["output=full", "output.train_chunk=-1"])

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from lmtrain.config import ConfigError, preflight
+from lmtrain.config import ConfigError, compose_config
 from lmtrain.output import HierarchicalSoftmax
 from lmtrain.output.trees import TreePaths, balanced_tree, huffman_tree, two_level_tree
 from lmtrain.training.build import build_output
@@ -244,7 +244,7 @@ def test_config_builds_every_tree_and_rejects_a_bad_one():
     depth = build_output(make_config(["~data", "output=hsm"]), 100, 16, counts).path_lengths()
     assert depth[0] < depth[-1]  # Huffman by default: frequent classes get short codes
     with pytest.raises(ConfigError, match=r"output\.tree must be one of 'huffman', 'balanced', 'two_level'"):
-        preflight(["output=hsm", "output.tree=binary"])  # the schema's check, before anything is built
+        compose_config(["output=hsm", "output.tree=binary"])  # the schema's check, before anything is built
     with pytest.raises(ValueError, match="counts"):
         HierarchicalSoftmax(100, 16, counts[:50])
 

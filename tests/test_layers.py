@@ -12,9 +12,9 @@ ROOT = Path(lmtrain.__file__).parent
 # the layers each layer may import (besides itself)
 ALLOWED = {
     "entry": {"cli", "config", "training", "tools"},
-    "cli": {"training", "data"},
+    "cli": {"config", "training", "data"},
     "tools": {"cli", "config", "training", "output", "sampler", "model", "data"},
-    "config": {"training", "model", "output", "sampler", "data"},  # the schemas subclass the parts' options
+    "config": {"model", "output", "sampler", "data"},  # the schemas subclass the parts' options
     "study": {"tools", "training", "config"},  # studies run `python -m lmtrain` processes and read their folders
     "training": {"model", "output", "sampler", "data"},
     "output": {"sampler"},
@@ -52,3 +52,28 @@ def test_imports_run_one_way():
 def test_no_file_is_over_250_lines():
     long = [f"{p.relative_to(ROOT)}: {n}" for p in ROOT.rglob("*.py") if (n := len(p.read_text().splitlines())) > 250]
     assert not long, long
+
+
+def test_config_modules_import_one_way():
+    """No two modules of lmtrain/config import each other, directly or around a cycle (the package's __init__
+    gathers them and none imports it)."""
+    modules = {p.stem: p for p in (ROOT / "config").glob("*.py") if p.stem != "__init__"}
+    graph = {name: set() for name in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "lmtrain.config":
+                assert {a.name for a in node.names} <= modules.keys(), f"{name} imports the package lmtrain.config"
+                graph[name] |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("lmtrain.config."):
+                graph[name].add(node.module.split(".")[2])
+    done: set[str] = set()
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        assert name not in path, f"import cycle: {' -> '.join((*path, name))}"
+        if name not in done:
+            for target in graph[name]:
+                visit(target, (*path, name))
+            done.add(name)
+
+    for name in graph:
+        visit(name, ())

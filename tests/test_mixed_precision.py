@@ -8,10 +8,10 @@ import lightning as L
 import pytest
 import torch
 
+from lmtrain.common.precision import autocast_on, float32_region, in_float32
 from lmtrain.config.validate import ConfigError, check_config
 from lmtrain.output.sampled.base import SampledOutput
 from lmtrain.sampler.kernel.sampler import KernelSampler
-from lmtrain.sampler.precision import autocast_on, float32_region, in_float32
 from lmtrain.tools.trained import load_model
 from tests.conftest import DEVICES, TINY, make_config
 from tests.test_output_contract import DIM, NUM_CLASSES, OUTPUTS, build

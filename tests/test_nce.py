@@ -162,7 +162,7 @@ def test_log_unigram_bias_init_starts_nce_normalized_and_frequency_ordered():
 
 
 def test_bias_init_options_are_checked():
-    from lmtrain.config import ConfigError, preflight
+    from lmtrain.config import ConfigError, compose_config
     from lmtrain.output import AbsoluteSampledSoftmax, FullSoftmax
 
     full = FullSoftmax(N_CLASSES, DIM, bias_init="log_unigram", counts=COUNTS)
@@ -171,6 +171,6 @@ def test_bias_init_options_are_checked():
     with pytest.raises(ValueError, match="needs the training counts"):
         FullSoftmax(N_CLASSES, DIM, bias_init="log_unigram")
     with pytest.raises(ConfigError, match=r"output\.bias_init must be one of 'zero', 'log_unigram', got 'ones'"):
-        preflight(["output=full", "output.bias_init=ones"])  # the schema's check, before anything is built
+        compose_config(["output=full", "output.bias_init=ones"])  # the schema's check, before anything is built
     with pytest.raises(ValueError, match=r"scores \|o\|"):
         AbsoluteSampledSoftmax(N_CLASSES, DIM, UniformSampler(N_CLASSES), bias_init="log_unigram", counts=COUNTS)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from lmtrain.tools.curve_plot import draw, main, plot_runs
-from lmtrain.tools.curves import Panel, group_by_seed, load_runs
-from lmtrain.tools.results import load_run, read_metrics, run_labels
+from lmtrain.tools.curve_data import Panel, group_by_seed
+from lmtrain.tools.plot import draw, main, plot_runs
+from lmtrain.tools.run_records import load_run, load_runs, read_metrics, run_labels
 from lmtrain.training.loggers.metrics_csv import AppendingExperimentWriter
 from tests.conftest import TINY, make_config
 

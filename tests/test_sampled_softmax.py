@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 
-from lmtrain.config import CONF_DIR, ConfigError, preflight
+from lmtrain.config import CONF_DIR, ConfigError, compose_config
 from lmtrain.output import SampledSoftmax
 from lmtrain.sampler import Sampler, SoftmaxSampler, UniformSampler, UnigramSampler
 from lmtrain.training.build import build_output
@@ -195,7 +195,7 @@ def test_bad_options_raise_value_error(sampler, kwargs, message):
 )
 def test_out_of_range_options_are_refused_by_the_schema(override, message):
     with pytest.raises(ConfigError, match=message):  # checked once, before anything is built
-        preflight(["output=sampled", override])
+        compose_config(["output=sampled", override])
 
 
 @pytest.mark.parametrize(

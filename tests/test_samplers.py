@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from lmtrain.config import ConfigError, preflight
+from lmtrain.config import ConfigError, compose_config
 from lmtrain.sampler import SoftmaxSampler, UniformSampler, UnigramSampler
 from lmtrain.sampler.unigram import alias_table
 
@@ -164,7 +164,7 @@ def test_unigram_bad_options_raise_value_error(kwargs, message):
 )
 def test_unigram_out_of_range_options_are_refused_by_the_schema(override, message):
     with pytest.raises(ConfigError, match=message):  # checked once, by the schema, before anything is built
-        preflight(["output=unigram", override])
+        compose_config(["output=unigram", override])
 
 
 def test_softmax_sampler_without_weights_raises():

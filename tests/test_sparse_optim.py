@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from lmtrain.config import ConfigError, preflight
+from lmtrain.config import ConfigError, compose_config
 from lmtrain.output import NCE, SampledSoftmax
 from lmtrain.sampler import UniformSampler, UnigramSampler
 from lmtrain.training.optim import MixedOptimizer, build_optimizer, clip_grad_norm
@@ -196,7 +196,7 @@ def test_bad_optimizer_options_raise_value_error(name, kwargs, message):
 )
 def test_out_of_range_optimizer_options_are_refused_by_the_schema(override, message):
     with pytest.raises(ConfigError, match=message):  # checked once, before anything is built
-        preflight(["optim=adam", override])
+        compose_config(["optim=adam", override])
 
 
 def test_dense_outputs_keep_weight_decay():

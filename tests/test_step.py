@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import csv
 
-import lightning as L
+import lightning
 import pytest
 
 from lmtrain.training.build import build_model
+from lmtrain.training.rng import seed_run, set_rng_states
 from lmtrain.training.step import evaluate, train_step
 from lmtrain.training.trainer import prepare_process
 
@@ -21,16 +22,22 @@ def logged_losses(run_dir):
 
 
 @pytest.mark.parametrize("output", ["full", "rff"])
-def test_train_step_takes_the_steps_of_a_training_run(tiny_config, tmp_path, output, one_thread):
+def test_train_step_takes_the_steps_of_a_training_run(tiny_config, tmp_path, output, one_thread, monkeypatch):
     from lmtrain.training.run import train
 
+    seeds = []
+    seed_everything = lightning.seed_everything
+    monkeypatch.setattr(lightning, "seed_everything", lambda *a, **k: seeds.append(a) or seed_everything(*a, **k))
     overrides = (f"output={output}", f"trainer.max_steps={STEPS}", "sampler.D=32" if output == "rff" else "seed=1234")
     metrics = train(tiny_config(*overrides, run_dir=tmp_path / "run"))
+    assert len(seeds) == 1, f"a run seeds once, not {len(seeds)} times"
+    monkeypatch.undo()
 
     cfg = tiny_config(*overrides, run_dir=tmp_path / "plain")
-    prepare_process(cfg)  # as train does: threads and the seed before the model is built, the seed again to train
+    prepare_process(cfg)  # as train does: threads, the seed before the model is built, its state again to train
+    seeded = seed_run(cfg.seed)
     datamodule, module = build_model(cfg)
-    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    set_rng_states(seeded)
     optimizer = module.configure_optimizers()["optimizer"]
     module.train()
     state, losses, batches = None, [], iter(datamodule.train_dataloader())

@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_dir
 
 from lmtrain.cli.failures import run_guarded
 from lmtrain.config import CONF_DIR
-from lmtrain.tools.results import read_metrics
+from lmtrain.tools.run_records import read_metrics
 from lmtrain.training.run import train
 from tests.cli_runs import (
     TINY,

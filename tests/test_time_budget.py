@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from lmtrain.tools import time_budget
-from lmtrain.tools.results import load_run
+from lmtrain.tools.run_records import load_run
 from lmtrain.tools.time_budget import timed_run
 
 

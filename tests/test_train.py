@@ -44,7 +44,9 @@ def test_training_lowers_val_ppl_toward_the_entropy_bound(tiny_config, tmp_path)
     run = tmp_path / "run"
     for name in ("metrics.csv", "config.yaml", "run.json", "checkpoints/last.ckpt"):
         assert (run / name).is_file(), name
-    assert json.loads((run / "run.json").read_text())["best_possible_ppl"] == pytest.approx(best_possible)
+    info = json.loads((run / "run.json").read_text())
+    assert info["best_possible_ppl"] == pytest.approx(best_possible)
+    assert info["metrics"] == metrics and info["wall_time_s"] > 0  # written at the start, the results at the end
     assert list((run / "checkpoints").glob("best-*.ckpt"))
     # step metrics are written every log_every_n_steps (20) steps; throughput is the mean over each interval
     rows = csv_rows(run / "metrics.csv")

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 from omegaconf import OmegaConf
 
-from lmtrain.config import ConfigError, preflight
-from lmtrain.config.preflight import compose_checked
+from lmtrain.config import compose_config
 from tests.cli_runs import TINY, run_cli
+from tests.command_line import refusal
 
 EXPERIMENT = """# @package _global_
 defaults:
@@ -50,19 +49,19 @@ def test_a_run_from_a_users_config_folder(tmp_path):
     assert (run / "checkpoints" / "last.ckpt").is_file()
 
 
-def test_hydra_searchpath_finds_the_same_folder_and_its_keys_are_checked(tmp_path):
+def test_hydra_searchpath_finds_the_same_folder_and_its_keys_are_checked(tmp_path, monkeypatch, capsys):
     mine = user_folder(tmp_path / "mine")
-    cfg = compose_checked(["experiment=mine", f"hydra.searchpath=[file://{mine}]", "run_dir=/tmp/unused"])
+    cfg = compose_config(["experiment=mine", f"hydra.searchpath=[file://{mine}]", "run_dir=/tmp/unused"])
     assert cfg.sampler._target_ == "lmtrain.sampler.UnigramSampler" and cfg.output.num_samples == 7
-    preflight(["-cd", str(mine), "experiment=mine", "sampler.power=0.75"])
-    with pytest.raises(ConfigError, match=r"unknown key output.num_sample: did you mean output.num_samples\?"):
-        preflight([f"--config-dir={mine}", "experiment=mine", "output.num_sample=3"])
-    with pytest.raises(ConfigError, match=r"unknown experiment 'mine': choose one of"):
-        preflight(["experiment=mine"])  # without the folder
+    assert refusal(["-cd", str(mine), "experiment=mine", "sampler.power=0.75"], tmp_path, monkeypatch, capsys) == ""
+    refused = refusal([f"--config-dir={mine}", "experiment=mine", "output.num_sample=3"], tmp_path, monkeypatch, capsys)
+    assert refused.startswith("unknown key output.num_sample: did you mean output.num_samples?")
+    without_the_folder = refusal(["experiment=mine"], tmp_path, monkeypatch, capsys)
+    assert without_the_folder.startswith("unknown experiment 'mine': choose one of")
 
 
-def test_a_package_line_below_a_comment_is_named_in_the_error(tmp_path):
+def test_a_package_line_below_a_comment_is_named_in_the_error(tmp_path, monkeypatch, capsys):
     mine = user_folder(tmp_path / "mine")
     (mine / "experiment" / "late.yaml").write_text("# my experiment\n" + EXPERIMENT)  # package line on line 2
-    with pytest.raises(ConfigError, match=r"experiment/late.yaml sets other groups: its first line must be '# @packa"):
-        preflight(["-cd", str(mine), "experiment=late"])
+    refused = refusal(["-cd", str(mine), "experiment=late"], tmp_path, monkeypatch, capsys)
+    assert "experiment/late.yaml sets other groups: its first line must be '# @package _global_'" in refused

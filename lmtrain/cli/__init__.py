@@ -1,1 +1,1 @@
-"""The command line around the tools: overrides checked before Hydra starts, and failures as one line."""
+"""The command line around the app: what Hydra or the config checks refuse, and known failures, as one line."""

@@ -1,1 +1,2 @@
-"""What every layer may use: the execution switch (CPU or GPU code paths)."""
+"""What every layer may use: the execution switch (CPU or GPU code paths) and the float32 regions of mixed
+precision."""

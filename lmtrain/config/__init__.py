@@ -1,9 +1,9 @@
 """Typed configs: one dataclass schema per part in Hydra's ConfigStore (``parts.py``, ``strategies.py``,
-``store.py``) under the YAML tree in ``conf/``, the checks a type cannot make (``validate.py``), and the
-command line checked before Hydra starts (``preflight.py``, with ``explain.py`` for Hydra's errors)."""
+``store.py``) under the YAML tree in ``conf/``, the checks a type cannot make (``validate.py``), run by Hydra
+before it writes anything (``callback.py``), and Hydra's own errors in one line (``explain.py``)."""
 
-from lmtrain.config.preflight import compose_checked, preflight
-from lmtrain.config.store import CONF_DIR, GROUPS, choices, compose_config
+from lmtrain.config.explain import explain
+from lmtrain.config.store import CONF_DIR, GROUPS, choices, compose_config, composer
 from lmtrain.config.validate import ConfigError, check_config, config_problems
 
 __all__ = [
@@ -12,8 +12,8 @@ __all__ = [
     "ConfigError",
     "check_config",
     "choices",
-    "compose_checked",
     "compose_config",
+    "composer",
     "config_problems",
-    "preflight",
+    "explain",
 ]

@@ -11,33 +11,31 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
-from hydra.errors import MissingConfigException, OverrideParseException
+from hydra.errors import MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
 from lmtrain.config.validate import unknown_key
 
-Compose = Callable[..., DictConfig]  # compose(overrides, hydra=False) inside an initialized config search path
+Compose = Callable[..., DictConfig]  # compose(overrides, hydra=False): train.yaml with these overrides
 
 
 def explain(exc: BaseException, overrides: list[str], compose: Compose) -> str:
-    """``exc`` from composing ``overrides`` in one line."""
+    """``exc``, raised by Hydra or OmegaConf while composing ``overrides``, in one line."""
     if isinstance(exc, MissingConfigException) and exc.options is not None and exc.missing_cfg_file:
         group, _, name = exc.missing_cfg_file.rpartition("/")
         return f"unknown {group} '{name}': choose one of {', '.join(sorted(exc.options))}"
-    if isinstance(exc, OverrideParseException):
-        return one_line(exc)
     cause = innermost(exc)
     full_key = getattr(cause, "full_key", None)
     if isinstance(cause, ValidationError) and full_key:
         hint = field_type(cause.object_type, str(cause.key))
         if hint is not None:
             return f"{full_key} must be {describe(hint)}, got {cause.value!r}"
-    if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and full_key:
-        culprit = [o for o in overrides if key_of(o) == full_key or key_of(o).startswith(full_key + ".")]
-        if key_of((culprit or [""])[0]).startswith("sampler."):
-            return sampler_option(key_of(culprit[0]), [o for o in overrides if o not in culprit], compose)
-        return missing_key(str(full_key), culprit, [o for o in overrides if o not in culprit], compose) or one_line(exc)
+    if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and isinstance(cause.parent_node, DictConfig):
+        culprit = [o for o in overrides if key_of(o) == full_key or key_of(o).startswith(f"{full_key}.")]
+        if str(full_key).startswith("sampler.") and culprit:
+            return sampler_option(str(full_key), [o for o in overrides if o not in culprit], compose)
+        return missing_key(str(full_key), cause.parent_node, culprit)
     return one_line(exc) + package_line_hint(one_line(exc))
 
 
@@ -53,19 +51,13 @@ def package_line_hint(message: str) -> str:
     )
 
 
-def missing_key(full_key: str, culprit: list[str], others: list[str], compose: Compose) -> str | None:
-    """A key that is not in the config: the keys beside it, or how to add an argument the config leaves out."""
-    parent, _, leaf = full_key.rpartition(".")
-    try:
-        reference = compose(others, hydra=full_key.startswith("hydra."))
-    except Exception:  # the other overrides fail too: report the original error
-        return None
-    node = OmegaConf.select(reference, parent) if parent else reference
-    if not isinstance(node, DictConfig):
-        return None
+def missing_key(full_key: str, node: DictConfig, culprit: list[str]) -> str:
+    """A key that ``node`` (its parent in the config Hydra composed) lacks: the keys beside it, or how to add an
+    argument of the class the node builds that the config leaves out."""
+    leaf = full_key.rpartition(".")[2]
     known = [str(k) for k in node if not str(k).startswith("_")]
     schema = OmegaConf.get_type(node)
-    owner, extra = schema.extra_keys(node) if hasattr(schema, "extra_keys") else (parent, [])
+    owner, extra = schema.extra_keys(node) if hasattr(schema, "extra_keys") else (full_key.rpartition(".")[0], [])
     if leaf in extra and culprit:
         return f"{full_key} is an argument of {owner} that the config does not set: add it with +{culprit[0]}"
     return unknown_key(full_key, sorted({*known, *extra}), owner, known)

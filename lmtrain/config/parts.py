@@ -12,9 +12,9 @@ from typing import Any
 from omegaconf import II
 
 from lmtrain.common.execution import Execution
+from lmtrain.common.optim_options import OptimOptions, torch_optimizer
 from lmtrain.data.options import BatchOptions, SyntheticDataOptions, TextOptions, ZipfDataOptions
 from lmtrain.model.lstm import LSTMOptions
-from lmtrain.training.optim import OptimOptions, torch_optimizer
 
 AT_LEAST_1 = {"at_least": 1}
 

@@ -1,6 +1,7 @@
-"""What Hydra's typed configs cannot check, in one walk of the composed config: values set but left ``???``,
-keys added with ``+``/``++`` that no schema has (Hydra adds them), the ranges in the schemas' field ``metadata``,
-and the keys of parts whose class is not lmtrain's (callbacks, loggers) against that class's arguments."""
+"""What Hydra's typed configs cannot check, in one walk of the composed config: keys added with ``+``/``++`` that
+no schema has (Hydra adds them), the ranges and choices in the schemas' field ``metadata``, rules across keys, and
+the keys of parts whose class is not lmtrain's (callbacks, loggers) against that class's arguments. Values left
+``???`` are found by OmegaConf (``MissingMandatoryValue``) and named here."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from typing import Any
 
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
 
-from lmtrain.training.build import Runtime
+from lmtrain.common.runtime import Runtime
 
 UNRESOLVED = object()
 RUNTIME = {f.name for f in dataclasses.fields(Runtime)}
@@ -43,8 +45,10 @@ def check_config(cfg: DictConfig) -> None:
 
 
 def config_problems(cfg: DictConfig) -> Iterator[str]:
-    for key in missing_keys(cfg):
-        yield f"{key} must be set ({key}=...)"
+    try:
+        OmegaConf.to_container(cfg, resolve=False, throw_on_missing=True)
+    except MissingMandatoryValue as exc:
+        yield f"{exc.full_key} must be set ({exc.full_key}=...)"
     yield from node_problems(cfg, "")
     for key, advice in SET_BY_LMTRAIN.items():
         if key in (cfg.get("trainer") or {}):
@@ -138,16 +142,6 @@ def unknown_key(full: str, known: list[str], owner: str, present: list[str] | No
     else:
         listed = f"{where} takes {', '.join(known)}"
     return f"unknown key {full}{guess} ({listed})"
-
-
-def missing_keys(node: DictConfig, path: str = "") -> Iterator[str]:
-    """Dotted keys whose value is ``???`` (without resolving interpolations, unlike OmegaConf.missing_keys)."""
-    for key in node:
-        full = f"{path}.{key}" if path else str(key)
-        if OmegaConf.is_missing(node, key):
-            yield full
-        elif not OmegaConf.is_interpolation(node, key) and isinstance(node[key], DictConfig):
-            yield from missing_keys(node[key], full)
 
 
 def value_at(node: DictConfig, key: str) -> Any:

@@ -6,9 +6,9 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from lmtrain.common.precision import in_float32
 from lmtrain.output.base import OutputLayer
 from lmtrain.output.options import AdaptiveOptions
-from lmtrain.sampler.precision import in_float32
 
 HEAD_CAP, TAIL_FRACTION, MAX_CLUSTERS = 2000, 0.6, 3
 

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from lmtrain.common.execution import DeviceAware
-from lmtrain.sampler.precision import in_float32, wrap_methods
+from lmtrain.common.precision import in_float32, wrap_methods
 
 PAIRS_PER_CHUNK = 1 << 16  # (position, class) pairs per log_prob call in the default log_probs_all
 
@@ -24,7 +24,7 @@ class OutputLayer(DeviceAware, nn.Module):
     ``gpu_paths`` (``lmtrain.common.execution``) selects the fixed-shape code paths where a strategy has two.
 
     Under mixed precision (autocast) every subclass's ``log_prob``, ``log_probs_all`` and ``extra_metrics`` run in
-    float32 (``lmtrain.sampler.precision``): exact evaluation never passes through bfloat16.
+    float32 (``lmtrain.common.precision``): exact evaluation never passes through bfloat16.
     """
 
     # the run-time values lmtrain.training.build passes besides the config

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lmtrain.sampler.precision import float32_region
+from lmtrain.common.precision import float32_region
 
 
 def product_dtype(hidden: Tensor) -> torch.dtype:

@@ -8,7 +8,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from lmtrain.sampler.precision import wrap_methods
+from lmtrain.common.precision import wrap_methods
 from lmtrain.sampler.proposal import BoundProposal, Proposal
 
 
@@ -26,7 +26,7 @@ class Sampler(nn.Module):
     log-probability with which each returned id was drawn.
 
     Under mixed precision (autocast) every subclass's ``sample``, ``log_q``, ``log_q_all`` and ``update`` run in
-    float32 (``lmtrain.sampler.precision``): log q and a kernel tree's node sums never pass through bfloat16.
+    float32 (``lmtrain.common.precision``): log q and a kernel tree's node sums never pass through bfloat16.
     """
 
     # the run-time values lmtrain.training.build passes besides the config

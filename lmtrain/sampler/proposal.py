@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor
 
-from lmtrain.sampler.precision import wrap_methods
+from lmtrain.common.precision import wrap_methods
 
 if TYPE_CHECKING:
     from lmtrain.sampler.base import Sampler

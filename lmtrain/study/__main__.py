@@ -27,7 +27,7 @@ from lmtrain.study.docs import fill_page, stale_page
 from lmtrain.study.records import read_records
 from lmtrain.study.render import check, render
 from lmtrain.study.reuse import reusable
-from lmtrain.study.runner import command, pending_runs, records_path, run_folder, run_overrides, run_study
+from lmtrain.study.runner import command, pending_runs, records_path, run_overrides, run_study, training_folder
 from lmtrain.study.spec import StudyError, find_spec, load_spec, package_studies
 
 
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         for run in [run for run in pending if run.key in found]:
             print(f"# {run.key}: would reuse {found[run.key]['study']}'s record {found[run.key]['key']}")
         for run in [run for run in pending if run.key not in found][: args.limit]:
-            print(" ".join(command(spec, run, run_folder(spec, run, args.runs))[1:]))
+            print(" ".join(command(spec, run, training_folder(spec, run, args.runs))[1:]))
         return 0
     if not args.render:
         run_study(spec, args.root, args.runs, args.jobs, args.limit, args.cells, reuse=not args.no_reuse)

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from lmtrain.study.spec import Run
-from lmtrain.tools.results import read_metrics
+from lmtrain.tools.run_records import read_metrics
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:

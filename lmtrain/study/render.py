@@ -108,7 +108,7 @@ def render_table(spec: StudySpec, records: list[dict[str, Any]]) -> str:
 
 def render_plot(spec: StudySpec, records: list[dict[str, Any]], path: Path) -> Path:
     """The metric per cell with its seed spread: lines over the x key (log axis) if the study has one, else bars."""
-    from lmtrain.tools.plots import pyplot, save_figure
+    from lmtrain.tools.figures import pyplot, save_figure
 
     plt = pyplot()
     stats = cell_stats(spec, records, spec.metric)

@@ -26,9 +26,9 @@ def resolved_config(overrides: list[str]) -> dict[str, Any]:
     """The config a run with these overrides saves as its config.yaml (its run folder left empty)."""
     from omegaconf import OmegaConf
 
-    from lmtrain.config.preflight import compose_checked
+    from lmtrain.config import compose_config
 
-    cfg = compose_checked(overrides, check=False)
+    cfg = compose_config(overrides, check=False)
     cfg.run_dir = ""  # an interpolation of Hydra's run folder, which exists only inside a Hydra job
     return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
 

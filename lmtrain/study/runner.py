@@ -36,7 +36,7 @@ def pending_runs(spec: StudySpec, root: Path, cells: str | None = None) -> list[
     return [run for run in chosen if cells is None or fnmatch.fnmatchcase(run.cell.label, cells)]
 
 
-def run_folder(spec: StudySpec, run: Run, runs_root: Path) -> Path:
+def training_folder(spec: StudySpec, run: Run, runs_root: Path) -> Path:
     """Where a run trains: one folder per run, named after its cell and seed."""
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", run.cell.label.replace(",", "__").replace("=", "-"))
     return runs_root / spec.name / f"{slug}__seed-{run.seed}"  # no '=': Hydra's override grammar forbids it
@@ -73,7 +73,7 @@ def _last_error(log: Path) -> str:
 def execute(spec: StudySpec, run: Run, root: Path, runs_root: Path, code: dict[str, Any]) -> str:
     """Train one run and append its record; returns a one-line summary. A run killed by a signal (the session
     ended) leaves no record, so the next call runs it again from its last checkpoint."""
-    folder = run_folder(spec, run, runs_root)
+    folder = training_folder(spec, run, runs_root)
     if folder.exists() and not (folder / "checkpoints" / "last.ckpt").is_file():
         folder.rename(folder.with_name(f"{folder.name}.stale-{int(time.time())}"))  # died before a checkpoint
     started = time.perf_counter()

@@ -147,7 +147,7 @@ def format_row(row: dict[str, Any]) -> str:
 def plot_bias_vs_samples(rows: list[dict[str, Any]], path: Path) -> Path:
     """Relative gradient bias against m per sampler, log-log (left): RMS over positions with ±2 s.e. bars (solid)
     and pooled (dashed); KL(p || q) per sampler (right)."""
-    from lmtrain.tools.plots import pyplot, save_figure
+    from lmtrain.tools.figures import pyplot, save_figure
 
     plt = pyplot()
     fig, (ax, ax_kl) = plt.subplots(1, 2, figsize=(10, 4.2), gridspec_kw={"width_ratios": [2, 1]})

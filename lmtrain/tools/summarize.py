@@ -15,8 +15,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from lmtrain.tools.plots import plot_ppl_vs_samples, plot_val_curves
-from lmtrain.tools.report import find_runs, markdown_table, offline_wandb_runs, summarize
+from lmtrain.tools.run_records import find_runs, natural_key
+from lmtrain.tools.sweep_plots import plot_ppl_vs_samples, plot_val_curves
+from lmtrain.tools.sweep_table import markdown_table, summarize
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,3 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     if offline:
         print(f"{len(offline)} offline W&B runs; upload them with:\n  wandb sync {' '.join(map(str, offline))}")
     return 0
+
+
+def offline_wandb_runs(root: str | Path) -> list[Path]:
+    """W&B offline run folders under ``root`` (to upload with ``wandb sync``)."""
+    return sorted(Path(root).glob("**/wandb/offline-run-*"), key=natural_key)

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from lmtrain.tools.plots import pyplot, save_figure
-from lmtrain.tools.report import find_runs
-from lmtrain.tools.results import RunRecord, run_labels
+from lmtrain.tools.figures import pyplot, save_figure
+from lmtrain.tools.run_records import RunRecord, find_runs, run_labels
 
 
 @dataclass

@@ -8,7 +8,6 @@ Every part class names the values it takes from the data and the model in ``runt
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import lightning as L
@@ -17,20 +16,9 @@ from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 
 from lmtrain.common.execution import resolve_execution, set_execution
+from lmtrain.common.runtime import Runtime
 from lmtrain.training.module import LanguageModel
 from lmtrain.training.optim import sparse_rows_match_dense
-
-
-@dataclass
-class Runtime:
-    """The values lmtrain passes to constructors at run time (from the data and the model), never read from the
-    config: the vocabulary size, the hidden size, the training counts and token stream, the built sampler."""
-
-    num_classes: int
-    dim: int = 0
-    counts: Tensor | None = None
-    train_ids: Tensor | None = None
-    sampler: Any = None
 
 
 def runtime_args(target: str) -> tuple[str, ...]:

@@ -7,21 +7,21 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from lmtrain.common.precision import float32_region
 from lmtrain.model import State
 from lmtrain.output import OutputLayer
-from lmtrain.sampler.precision import float32_region
 from lmtrain.training.ddp import ddp_ignored, mean_over_ranks
+from lmtrain.training.metered_module import MeteredModule
 from lmtrain.training.optim import build_optimizer
 from lmtrain.training.resume import Resumed, checkpoint_entry, resume_fit
 from lmtrain.training.rng import set_rng_states
 from lmtrain.training.schedule import build_scheduler
 from lmtrain.training.step import NonFiniteLossError, after_update, clip_gradients, window_log_prob, window_loss
-from lmtrain.training.step_metrics import StepMetrics
 
 __all__ = ["LanguageModel", "NonFiniteLossError"]
 
 
-class LanguageModel(StepMetrics):
+class LanguageModel(MeteredModule):
     """An encoder (tokens -> hidden) and an output strategy (hidden -> loss / exact log-prob).
 
     The LSTM state is carried across the windows of an epoch and detached (truncated BPTT); it is saved in

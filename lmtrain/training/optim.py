@@ -3,36 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from lmtrain.training.schedule import ScheduleOptions
+from lmtrain.common.optim_options import OptimOptions
 
 _NO_SPARSE_KEYS = ("weight_decay", "momentum")  # options that would touch every output row each step
-
-
-@dataclass
-class OptimOptions:
-    """The ``optim`` keys lmtrain reads itself; every other key is passed to the torch optimizer named by ``name``
-    (``torch_optimizer``), so it must be one of that class's arguments (momentum, betas, eps, nesterov, ...)."""
-
-    name: str = field(metadata={"choices": ("sgd", "adagrad", "adam")})
-    lr: float = field(metadata={"above": 0})
-    clip: float | None = field(default=5.0, metadata={"above": 0})  # global gradient-norm clip (sparse-aware); null=off
-    weight_decay: float = field(default=0.0, metadata={"at_least": 0})
-    sparse_lr: float | None = None  # learning rate of the sparse output rows (default lr)
-    # adam: the optimizer of the sparse rows
-    sparse_optimizer: str = field(default="sparse_adam", metadata={"choices": ("sparse_adam", "adagrad")})
-    schedule: ScheduleOptions | None = field(default_factory=ScheduleOptions)
-
-
-def torch_optimizer(name: str) -> type[torch.optim.Optimizer] | None:
-    """The torch.optim class whose name is ``name`` up to case (sgd -> SGD, adam -> Adam), or None."""
-    found = [cls for key, cls in vars(torch.optim).items() if key.lower() == str(name).lower()]
-    return next((cls for cls in found if isinstance(cls, type)), None)
 
 
 class MixedOptimizer(torch.optim.Optimizer):

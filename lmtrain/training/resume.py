@@ -25,8 +25,8 @@ import lightning as L
 
 from lmtrain.model import State
 from lmtrain.training.ddp import global_state, rank_block
+from lmtrain.training.metered_module import MeteredModule
 from lmtrain.training.rng import get_rng_states
-from lmtrain.training.step_metrics import StepMetrics
 
 
 @dataclass
@@ -42,7 +42,7 @@ class Resumed:
     state: State | None = None
 
 
-def checkpoint_entry(module: StepMetrics, batches_done: int, state: State | None) -> dict[str, Any]:
+def checkpoint_entry(module: MeteredModule, batches_done: int, state: State | None) -> dict[str, Any]:
     """The ``lmtrain`` entry of a checkpoint written now: see the module docstring."""
     return {
         "batches_done": batches_done,

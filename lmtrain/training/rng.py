@@ -1,10 +1,12 @@
-"""The random number generators' states, saved in checkpoints so that a resumed run draws the same numbers."""
+"""The random number generators: the run's one seed, and their states, saved in checkpoints so that a resumed run
+draws the same numbers."""
 
 from __future__ import annotations
 
 import random
 from typing import Any
 
+import lightning as L
 import numpy as np
 import torch
 
@@ -27,3 +29,13 @@ def set_rng_states(states: dict[str, Any]) -> None:
     np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
     version, internal, extra = states["python"]
     random.setstate((version, tuple(internal.tolist()), extra))
+
+
+def seed_run(seed: int) -> dict[str, Any]:
+    """Seed every generator once (torch's, CUDA's, NumPy's, Python's, and the data loader workers' through
+    Lightning) and return the states this leaves. The model is built from them; ``train`` restores them
+    (``set_rng_states``) just before the fit, so that a single process starts training from the seeded state, as
+    each DDP process does (Lightning re-seeds those when they start). Building happens on the CPU, so the CUDA
+    generators are still as seeded then."""
+    L.seed_everything(seed, workers=True, verbose=False)
+    return get_rng_states()

@@ -7,7 +7,6 @@ import math
 import time
 from pathlib import Path
 
-import lightning as L
 from omegaconf import DictConfig, OmegaConf
 
 from lmtrain.data.vocab import Vocabulary
@@ -15,7 +14,9 @@ from lmtrain.training.build import build_model
 from lmtrain.training.library_logs import quiet_libraries
 from lmtrain.training.loggers import build_loggers
 from lmtrain.training.loggers.wandb_run import finish_wandb
+from lmtrain.training.rng import seed_run, set_rng_states
 from lmtrain.training.run_folder import (
+    add_results,
     hydra_context,
     prepare_resume,
     resolve_ckpt,
@@ -38,6 +39,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     run_dir = Path(str(cfg.run_dir)).resolve()
     ckpt = resolve_ckpt(cfg, run_dir, overrides)
     prepare_process(cfg)
+    seeded = seed_run(cfg.seed)  # the run's one seed: the model is built from it, and the fit starts from it
 
     datamodule, module = build_model(cfg)
     check_against_data(cfg, datamodule.num_train_windows)
@@ -54,14 +56,14 @@ def train(cfg: DictConfig) -> dict[str, float]:
     run_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)  # there from the start, also if the run dies
     Vocabulary(datamodule.vocab, datamodule.counts).save(run_dir)  # vocab.tsv: what generate and score read text with
-    write_run_info(run_dir, name, output_choice, cfg, {}, entropy_rate=datamodule.entropy_rate)
+    write_run_info(run_dir, name, output_choice, cfg, datamodule.entropy_rate)
     loggers = build_loggers(cfg, run_dir, name, resume_id, output_choice)
     callbacks = build_callbacks(cfg, run_dir / "checkpoints", resume_command(run_dir, overrides))
     trainer = build_trainer(cfg, loggers, callbacks, run_dir)
     module.wandb_id = next((lg.experiment.id for lg in loggers if hasattr(lg.experiment, "id")), None)
-    # DDP re-seeds every process when it starts (Lightning's reset_seed): do the same in a single process, so that
-    # both begin training from the same RNG state and draw the same shared negatives for the same global batch
-    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    # DDP re-seeds every process when it starts (Lightning's reset_seed): a single process starts from the seeded
+    # state too, so that both begin training from the same RNG state and draw the same negatives for a global batch
+    set_rng_states(seeded)
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt) if ckpt else None, weights_only=True)
     except TrainingStopped as stop:  # last.ckpt written, Lightning closed the loggers: end the W&B run, exit
@@ -80,9 +82,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         tested = trainer.test(module, datamodule=datamodule, ckpt_path=best_path, verbose=False, weights_only=True)
         metrics.update({k: float(v) for k, v in (tested[0] if tested else {}).items() if k not in ("epoch", "step")})
     if trainer.is_global_zero:  # one writer under DDP
-        write_run_info(
-            run_dir, name, output_choice, cfg, metrics, time.perf_counter() - started, datamodule.entropy_rate
-        )
+        add_results(run_dir, metrics, time.perf_counter() - started)
     for lg in loggers:
         lg.finalize("success")
     offline_wandb = finish_wandb()

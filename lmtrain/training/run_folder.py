@@ -66,16 +66,12 @@ def shown_path(path: Path) -> str:
 
 
 def write_run_info(
-    run_dir: Path,
-    name: str,
-    output_choice: str | None,
-    cfg: DictConfig,
-    metrics: dict[str, float],
-    wall_time_s: float | None = None,
-    entropy_rate: float | None = None,
+    run_dir: Path, name: str, output_choice: str | None, cfg: DictConfig, entropy_rate: float | None = None
 ) -> None:
-    """run.json: what scripts need to label and tabulate the run without re-resolving the config (and, for a
-    synthetic source, ``best_possible_ppl`` = exp(entropy rate))."""
+    """run.json, written when the run starts: what scripts need to label and tabulate the run without re-resolving
+    the config (and, for a synthetic source, ``best_possible_ppl`` = exp(entropy rate)). It is there from the
+    start so that a run still training, or killed, is labelled too; its ``metrics`` stay empty until
+    ``add_results``."""
     output = OmegaConf.to_container(cfg.output, resolve=True)
     sampler = OmegaConf.to_container(cfg.sampler, resolve=True) if cfg.get("sampler") else None
     info = {
@@ -85,10 +81,19 @@ def write_run_info(
         "sampler": sampler,
         "data": str(cfg.data.get("name", "")),
         "best_possible_ppl": None if entropy_rate is None else math.exp(entropy_rate),
-        "metrics": metrics,
-        "wall_time_s": wall_time_s,  # of this invocation (a resumed run counts from its restart)
+        "metrics": {},
+        "wall_time_s": None,
     }
     (run_dir / "run.json").write_text(json.dumps(info, indent=2, default=str))
+
+
+def add_results(run_dir: Path, metrics: dict[str, float], wall_time_s: float) -> None:
+    """Put a finished run's final ``metrics`` and ``wall_time_s`` (of this invocation: a resumed run counts from its
+    restart) into the run.json that ``write_run_info`` wrote when it started."""
+    path = run_dir / "run.json"
+    info = json.loads(path.read_text())
+    info.update(metrics=metrics, wall_time_s=wall_time_s)
+    path.write_text(json.dumps(info, indent=2, default=str))
 
 
 def prepare_resume(ckpt: Path, signature: dict[str, Any], run_dir: Path) -> str | None:

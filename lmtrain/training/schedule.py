@@ -2,22 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-
-@dataclass
-class ScheduleOptions:
-    """The keys of ``optim.schedule`` and their defaults (also its config schema, ``lmtrain/config/``)."""
-
-    # step: lr * decay every epoch after `start` epochs; plateau: lr * decay after `patience` epochs without a
-    # val/ppl improvement; none
-    kind: str | None = field(default="none", metadata={"choices": ("step", "plateau", "none", None)})
-    start: int = field(default=0, metadata={"at_least": 0})  # step: epochs at the full lr before the decay
-    decay: float = field(default=0.5, metadata={"above": 0})  # the factor applied per epoch (step) or per plateau
-    patience: int = field(default=0, metadata={"at_least": 0})  # plateau: epochs without a val/ppl improvement
+from lmtrain.common.optim_options import ScheduleOptions
 
 
 @dataclass

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from lmtrain.common.precision import float32_region
 from lmtrain.model import State
 from lmtrain.output import OutputLayer
-from lmtrain.sampler.precision import float32_region
 from lmtrain.training.optim import clip_grad_norm
 
 Batch = tuple[Tensor, Tensor]  # inputs, targets: (B, T) token ids

@@ -1,29 +1,28 @@
-"""The process and the Lightning Trainer of a run: threads, seeds and allocator; checkpoints, callbacks, loggers."""
+"""The process and the Lightning Trainer of a run: threads and allocator; checkpoints, callbacks, loggers."""
 
 from __future__ import annotations
 
-from datetime import timedelta
 from pathlib import Path
 
 import lightning as L
 import torch
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig
 
 from lmtrain.training.callbacks import EpochSummary, ProgressBar, TrainingTimeLimit, ValidateAtEnd
 from lmtrain.training.checkpoints import AtomicCheckpointIO
+from lmtrain.training.host_time import NoProfiler, RunCheckpoint
 from lmtrain.training.memory import reuse_freed_memory
 from lmtrain.training.stop import GracefulStop
 from lmtrain.training.threads import apply_threads
 
 
 def prepare_process(cfg: DictConfig) -> None:
-    """Threads (parallel jobs share the cores instead of fighting over them), the seed, matmul precision, subnormal
-    floats flushed, and glibc malloc kept from faulting each step's big buffers in again (``reuse_freed_memory``)."""
+    """Threads (parallel jobs share the cores instead of fighting over them), matmul precision, subnormal floats
+    flushed, and glibc malloc kept from faulting each step's big buffers in again (``reuse_freed_memory``). The seed:
+    ``rng.seed_run``."""
     apply_threads(cfg.get("threads", "auto"))
-    L.seed_everything(cfg.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision("high")
     torch.set_flush_denormal(True)  # tiny LSTM gradients as subnormal floats are very slow on CPUs
     if cfg.get("reuse_freed_memory", True):
@@ -36,7 +35,7 @@ def build_callbacks(cfg: DictConfig, ckpt_dir: Path, resume: str) -> list[L.Call
     (a signal writes last.ckpt too; ``resume``: the command that resumes it) and the configured ones
     (``callbacks.NAME._target_``)."""
     return [
-        ModelCheckpoint(
+        RunCheckpoint(
             dirpath=ckpt_dir,
             filename="best-{epoch:02d}",
             monitor="val/ppl",
@@ -45,16 +44,10 @@ def build_callbacks(cfg: DictConfig, ckpt_dir: Path, resume: str) -> list[L.Call
             save_last=True,
             enable_version_counter=False,
         ),
-        ModelCheckpoint(
+        RunCheckpoint(  # by steps and by time: a short run killed before its first periodic step is resumable too
             dirpath=ckpt_dir,
             every_n_train_steps=cfg.checkpoint_every_n_steps,
-            save_top_k=0,
-            save_last=True,
-            enable_version_counter=False,
-        ),
-        ModelCheckpoint(  # by time as well: a short run killed before its first periodic step is resumable too
-            dirpath=ckpt_dir,
-            train_time_interval=timedelta(minutes=cfg.checkpoint_every_minutes),
+            every_minutes=cfg.checkpoint_every_minutes,
             save_top_k=0,
             save_last=True,
             enable_version_counter=False,
@@ -69,9 +62,12 @@ def build_callbacks(cfg: DictConfig, ckpt_dir: Path, resume: str) -> list[L.Call
 
 
 def build_trainer(cfg: DictConfig, loggers: list[Logger], callbacks: list[L.Callback], run_dir: Path) -> L.Trainer:
-    """``cfg.trainer`` with what lmtrain sets itself: loggers, callbacks, the run folder, atomic checkpoint writes."""
+    """``cfg.trainer`` with what lmtrain sets itself: loggers, callbacks, the run folder, atomic checkpoint writes,
+    and a profiler that costs nothing per hook unless one was asked for (``+trainer.profiler=simple``)."""
+    profiler = {} if cfg.trainer.get("profiler") else {"profiler": NoProfiler()}
     return instantiate(
         cfg.trainer,
+        **profiler,
         logger=loggers,
         callbacks=callbacks,
         default_root_dir=str(run_dir),

@@ -1,13 +1,18 @@
-"""Reading finished runs back: metrics.csv and the run's label, for plots and summaries."""
+"""Run folders read back (``RunRecord``): finding them under a folder, their metrics.csv and run.json, their
+legend labels; for the plots, the summaries and the studies."""
 
 from __future__ import annotations
 
 import csv
 import json
 import math
+import os
+import re
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 @dataclass
@@ -68,6 +73,43 @@ def load_run(run_dir: str | Path) -> RunRecord:
     info_file = path / "run.json"
     info = json.loads(info_file.read_text()) if info_file.is_file() else {}
     return RunRecord(path=path, name=str(info.get("name", path.name)), info=info, series=read_metrics(metrics))
+
+
+def natural_key(path: Path) -> list[Any]:
+    """Sorts job folders in job order: numbers by value (2 before 10)."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(path))]
+
+
+def find_runs(root: str | Path) -> list[RunRecord]:
+    """Every job folder under ``root`` (holding metrics.csv or .hydra/), in job order; unfinished jobs included."""
+    root = Path(root)
+    folders = set()
+    for here, dirs, files in os.walk(root, followlinks=True):  # symlinked run folders count: pick runs by linking
+        if "metrics.csv" in files or ".hydra" in dirs:
+            folders.add(Path(here))
+        dirs[:] = [d for d in dirs if d != "wandb" and d != ".hydra"]
+    runs = []
+    for folder in sorted(folders, key=natural_key):
+        if (folder / "metrics.csv").is_file():
+            runs.append(load_run(folder))
+        else:  # failed before its first logged step
+            runs.append(RunRecord(path=folder, name=folder.name))
+    return runs
+
+
+def load_runs(paths: Iterable[str | Path]) -> list[RunRecord]:
+    """The runs in ``paths``: a run folder (holding metrics.csv) or a sweep folder (every job with a metrics.csv
+    under it, in job order). Plain files among several paths are passed over, so that a shell glob such as
+    ``runs/study/NAME/output-rff__*`` may also match the study's ``.log`` files beside the run folders."""
+    paths = list(paths)
+    folders = [p for p in paths if not Path(p).is_file()] if len(paths) > 1 else paths
+    runs = []
+    for path in folders:
+        found = [r for r in find_runs(path) if (r.path / "metrics.csv").is_file()]
+        if not found:
+            raise FileNotFoundError(f"{path} holds no metrics.csv: is it an lmtrain run or sweep folder?")
+        runs.extend(found)
+    return runs
 
 
 def run_labels(runs: list[RunRecord], width: int = 40, ignore: tuple[str, ...] = ()) -> list[str]:

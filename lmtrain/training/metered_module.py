@@ -1,7 +1,8 @@
-"""What a training run writes besides the exact evaluation: the loss at every step, the perplexity, learning
-rate and throughput every ``trainer.log_every_n_steps`` steps, all in Lightning's rows of metrics.csv, and with
-each validation the training seconds so far (``train/seconds``), the clock of ``max_train_seconds``. The training
-metrics are computed on the host from the one loss value a step reads (``StepMetrics._record_step``)."""
+"""``MeteredModule``, the base of the LightningModule (``LanguageModel``): what a training run writes besides the
+exact evaluation. The loss at every step, the perplexity, learning rate and throughput every
+``trainer.log_every_n_steps`` steps, all in Lightning's rows of metrics.csv, and with each validation the training
+seconds so far (``train/seconds``), the clock of ``max_train_seconds``. The training metrics are computed on the
+host from the one loss value a step reads (``MeteredModule._record_step``)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,26 @@ import lightning as L
 import torch
 from torch import Tensor
 
+from lmtrain.training.host_time import FastAttributes
 
-class StepMetrics(L.LightningModule):
-    """The LightningModule base that writes the per-step training metrics (see the module docstring)."""
+
+class MeteredModule(FastAttributes, L.LightningModule):
+    """A LightningModule that meters its training: the per-step metrics and the training clock (see the module
+    docstring)."""
+
+    # written at every step with host values: no nn.Module checks (FastAttributes)
+    FAST_ATTRIBUTES = FastAttributes.FAST_ATTRIBUTES | {
+        "_clock",
+        "_tokens",
+        "_loss_sum",
+        "_loss_steps",
+        "_trained",
+        "_run_tokens",
+        "_run_from",
+        "_segment",
+        "train_seconds",
+        "_batches_done",
+    }
 
     def __init__(self) -> None:
         super().__init__()

@@ -1,13 +1,10 @@
-"""Sweep reports: find the jobs of a multirun folder and tabulate them in markdown (plots: ``plots.py``).
-
-Used by ``python -m lmtrain.summarize``; reads only what runs leave on disk (metrics.csv, run.json, .hydra/).
+"""A sweep's table: one row per job (what it ran, how it did) and the markdown table of ``python -m
+lmtrain.summarize``; from what runs leave on disk (metrics.csv, run.json, .hydra/).
 """
 
 from __future__ import annotations
 
 import math
-import os
-import re
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -18,7 +15,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from lmtrain.tools.results import RunRecord, load_run
+from lmtrain.tools.run_records import RunRecord
 
 
 @dataclass
@@ -40,27 +37,6 @@ class SummaryRow:
     def label(self) -> str:
         """The curve label: the strategy and its distinguishing options."""
         return f"{self.strategy} {self.options}".strip()
-
-
-def _natural_key(path: Path) -> list[Any]:
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(path))]
-
-
-def find_runs(root: str | Path) -> list[RunRecord]:
-    """Every job folder under ``root`` (holding metrics.csv or .hydra/), in job order; unfinished jobs included."""
-    root = Path(root)
-    folders = set()
-    for here, dirs, files in os.walk(root, followlinks=True):  # symlinked run folders count: pick runs by linking
-        if "metrics.csv" in files or ".hydra" in dirs:
-            folders.add(Path(here))
-        dirs[:] = [d for d in dirs if d != "wandb" and d != ".hydra"]
-    runs = []
-    for folder in sorted(folders, key=_natural_key):
-        if (folder / "metrics.csv").is_file():
-            runs.append(load_run(folder))
-        else:  # failed before its first logged step
-            runs.append(RunRecord(path=folder, name=folder.name))
-    return runs
 
 
 def _job_config(run: RunRecord) -> dict[str, Any]:
@@ -168,8 +144,3 @@ def markdown_table(rows: list[SummaryRow], root: Path | None = None) -> str:
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
-
-
-def offline_wandb_runs(root: str | Path) -> list[Path]:
-    """W&B offline run folders under ``root`` (to upload with ``wandb sync``)."""
-    return sorted(Path(root).glob("**/wandb/offline-run-*"), key=_natural_key)

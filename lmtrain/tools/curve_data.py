@@ -1,20 +1,19 @@
 """The data of comparison curves: runs grouped by everything but their seed, validation perplexity against optimizer
 steps, training tokens or training seconds, and the training quantity each strategy has (exact perplexity or loss).
 
-Drawing is ``curve_plot.py``; this module only reads run folders and returns the points it would plot.
+Drawing is ``plot.py`` (``python -m lmtrain.plot``); this module only reads run folders and returns the points
+it would plot.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import yaml
 
-from lmtrain.tools.results import RunRecord, run_labels
+from lmtrain.tools.run_records import RunRecord, run_labels
 
 AXES = ("steps", "tokens", "seconds")
 AXIS_LABELS = {
@@ -212,20 +211,3 @@ def curve_panels(groups: list[RunGroup], x: str) -> list[Panel]:
     each), then the training panels."""
     axes = AXES if x == "all" else (x,)
     return [*(validation_panel(groups, a) for a in axes), *training_panels(groups, x)]
-
-
-def load_runs(paths: Iterable[str | Path]) -> list[RunRecord]:
-    """The runs in ``paths``: a run folder (holding metrics.csv) or a sweep folder (every job with a metrics.csv
-    under it, in job order). Plain files among several paths are passed over, so that a shell glob such as
-    ``runs/study/NAME/output-rff__*`` may also match the study's ``.log`` files beside the run folders."""
-    from lmtrain.tools.report import find_runs
-
-    paths = list(paths)
-    folders = [p for p in paths if not Path(p).is_file()] if len(paths) > 1 else paths
-    runs = []
-    for path in folders:
-        found = [r for r in find_runs(path) if (r.path / "metrics.csv").is_file()]
-        if not found:
-            raise FileNotFoundError(f"{path} holds no metrics.csv: is it an lmtrain run or sweep folder?")
-        runs.extend(found)
-    return runs

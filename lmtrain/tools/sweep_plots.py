@@ -1,25 +1,15 @@
-"""Sweep plots: perplexity against m, validation curves per m; matplotlib on the Agg backend (runs compared:
-``curve_plot.py``)."""
+"""A sweep's plots (``python -m lmtrain.summarize``): perplexity against the number of samples m, and validation
+curves with one panel per m."""
 
 from __future__ import annotations
 
 import math
 import statistics
 from pathlib import Path
-from typing import Any
 
-from lmtrain.tools.curves import validations
-from lmtrain.tools.report import SummaryRow
-
-
-def pyplot() -> Any:
-    """matplotlib.pyplot on the non-interactive Agg backend (no display needed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+from lmtrain.tools.curve_data import validations
+from lmtrain.tools.figures import plain_log_ticks, pyplot, save_figure, single_points_ticks
+from lmtrain.tools.sweep_table import SummaryRow
 
 
 def plot_ppl_vs_samples(rows: list[SummaryRow], path: str | Path, metric: str = "test") -> Path:
@@ -83,45 +73,3 @@ def plot_val_curves(rows: list[SummaryRow], path: str | Path) -> Path:
         if ax.lines:
             ax.legend(fontsize=8)
     return save_figure(fig, path, plt)
-
-
-def plain_number(value: float, _position: Any = None) -> str:
-    """A tick label without powers of ten: 849, 1,000, 88.5, 0.35."""
-    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
-
-
-def plain_log_ticks(ax: Any) -> None:
-    """Plain labels (849, not 8.49×10²) on a log y axis, about five of them over the drawn range: 1, 2, 5 x 10^k
-    over a decade or more, evenly spaced round numbers over less, so every part of the axis is labelled."""
-    from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, MaxNLocator, NullLocator
-
-    low, high = ax.get_ylim()
-    if ax.get_yscale() != "log" or low <= 0:
-        return
-    if high / low >= 10:
-        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-    else:
-        ticks = [t for t in MaxNLocator(nbins=5).tick_values(low, high) if low <= t <= high]
-        ax.yaxis.set_major_locator(FixedLocator(ticks))
-    ax.yaxis.set_major_formatter(FuncFormatter(plain_number))
-    ax.yaxis.set_minor_locator(NullLocator())
-    ax.set_ylim(low, high)
-
-
-def single_points_ticks(ax: Any, xs: list[float]) -> None:
-    """Where every line of ``ax`` is one point (a short sweep's single validations): ticks at those x values only,
-    not a span of 96-104 around one point."""
-    from matplotlib.ticker import FixedLocator, FuncFormatter
-
-    ax.xaxis.set_major_locator(FixedLocator(sorted(set(xs))))
-    ax.xaxis.set_major_formatter(FuncFormatter(plain_number))
-
-
-def save_figure(fig: Any, path: str | Path, plt: Any) -> Path:
-    """Lay out, write (creating the folder) and close ``fig``."""
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120, bbox_inches="tight")  # with a legend placed outside the axes
-    plt.close(fig)
-    return out

@@ -1,5 +1,5 @@
 """``python -m lmtrain.plot RUN_OR_SWEEP... [--x steps|tokens|seconds|all] [--out FILE.png]``: curves that compare
-runs, drawn from the panels of ``curves.py``.
+runs, drawn from the panels of ``curve_data.py``.
 
 Validation perplexity (exact for every strategy) against optimizer steps, training tokens or training seconds
 (``--x all``: a panel each), then the training panels: exact training perplexity for the strategies whose loss is
@@ -14,8 +14,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from lmtrain.tools.curves import AXES, Panel, curve_panels, group_by_seed, load_runs
-from lmtrain.tools.plots import plain_log_ticks, pyplot, save_figure, single_points_ticks
+from lmtrain.tools.curve_data import AXES, Panel, curve_panels, group_by_seed
+from lmtrain.tools.figures import plain_log_ticks, pyplot, save_figure, single_points_ticks
+from lmtrain.tools.run_records import load_runs
 
 
 def draw(panels: list[Panel], title: str) -> Any:

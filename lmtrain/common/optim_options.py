@@ -1,0 +1,41 @@
+"""The ``optim`` keys and their schedule's: what the optimizer builder reads (``lmtrain.training.optim``,
+``lmtrain.training.schedule``) and the config schema of ``optim`` (``lmtrain/config/``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class ScheduleOptions:
+    """The keys of ``optim.schedule`` and their defaults (also its config schema, ``lmtrain/config/``)."""
+
+    # step: lr * decay every epoch after `start` epochs; plateau: lr * decay after `patience` epochs without a
+    # val/ppl improvement; none
+    kind: str | None = field(default="none", metadata={"choices": ("step", "plateau", "none", None)})
+    start: int = field(default=0, metadata={"at_least": 0})  # step: epochs at the full lr before the decay
+    decay: float = field(default=0.5, metadata={"above": 0})  # the factor applied per epoch (step) or per plateau
+    patience: int = field(default=0, metadata={"at_least": 0})  # plateau: epochs without a val/ppl improvement
+
+
+@dataclass
+class OptimOptions:
+    """The ``optim`` keys lmtrain reads itself; every other key is passed to the torch optimizer named by ``name``
+    (``torch_optimizer``), so it must be one of that class's arguments (momentum, betas, eps, nesterov, ...)."""
+
+    name: str = field(metadata={"choices": ("sgd", "adagrad", "adam")})
+    lr: float = field(metadata={"above": 0})
+    clip: float | None = field(default=5.0, metadata={"above": 0})  # global gradient-norm clip (sparse-aware); null=off
+    weight_decay: float = field(default=0.0, metadata={"at_least": 0})
+    sparse_lr: float | None = None  # learning rate of the sparse output rows (default lr)
+    # adam: the optimizer of the sparse rows
+    sparse_optimizer: str = field(default="sparse_adam", metadata={"choices": ("sparse_adam", "adagrad")})
+    schedule: ScheduleOptions | None = field(default_factory=ScheduleOptions)
+
+
+def torch_optimizer(name: str) -> type[torch.optim.Optimizer] | None:
+    """The torch.optim class whose name is ``name`` up to case (sgd -> SGD, adam -> Adam), or None."""
+    found = [cls for key, cls in vars(torch.optim).items() if key.lower() == str(name).lower()]
+    return next((cls for cls in found if isinstance(cls, type)), None)

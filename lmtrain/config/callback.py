@@ -1,0 +1,78 @@
+"""The checks Hydra cannot make, run by Hydra itself before it creates a run or sweep folder: a Hydra callback
+(``hydra.callbacks`` in conf/train.yaml) that checks the config Hydra composed, and in a sweep of Hydra's basic
+sweeper every job's config, composed by Hydra's config loader from the overrides Hydra hands over."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from lmtrain.config.explain import explain
+from lmtrain.config.validate import ConfigError, check_config
+
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+
+
+class ConfigRefused(BaseException):  # noqa: N818 (it travels like SystemExit)
+    """A ConfigError out of a Hydra callback. Hydra turns a callback's ``Exception`` into a warning and goes on, so
+    the refusal travels as a BaseException, like SystemExit, up to lmtrain's entry (``lmtrain.cli.app``)."""
+
+    def __init__(self, error: ConfigError) -> None:
+        super().__init__(str(error))
+
+
+class CheckConfig(Callback):
+    """Refuses (ConfigRefused, one line) before Hydra writes anything a run's or a sweep job's config with a value
+    out of range, a key no part reads or a value left ``???``."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            check_config(without_hydra(config))
+        except ConfigError as err:
+            raise ConfigRefused(err) from None
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            check_sweep(config)
+        except ConfigError as err:
+            raise ConfigRefused(err) from None
+
+
+def check_sweep(config: DictConfig) -> None:
+    """Every job of a sweep of Hydra's basic sweeper (the primary config for another sweeper, which chooses its
+    jobs as it goes): ConfigError naming the first job that fails."""
+    if config.hydra.sweeper.get("_target_") != BASIC_SWEEPER:
+        check_config(without_hydra(config))
+        return
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    loader = GlobalHydra.instance().config_loader()
+    params = [f"{key}={value}" for key, value in (config.hydra.sweeper.get("params") or {}).items()]
+    parsed = OverridesParser.create(config_loader=loader).parse_overrides([*params, *config.hydra.overrides.task])
+    jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]  # as it will run them
+
+    def compose(overrides: list[str], hydra: bool = False) -> DictConfig:
+        return loader.load_configuration(str(config.hydra.job.config_name), overrides, RunMode.RUN)
+
+    for number, job in enumerate(jobs):
+        try:
+            check_config(without_hydra(loader.load_sweep_config(config, list(job))))
+        except ConfigError as err:
+            raise ConfigError(f"job {number} ({' '.join(job)}): {err}") from None
+        except Exception as exc:  # Hydra's own errors composing the job
+            raise ConfigError(f"job {number} ({' '.join(job)}): {explain(exc, list(job), compose)}") from None
+
+
+def without_hydra(config: DictConfig) -> DictConfig:
+    """The task's config: ``config`` without its ``hydra`` node, as Hydra hands it to the task function."""
+    task = copy.deepcopy(config)
+    with read_write(task), open_dict(task):
+        del task["hydra"]
+    OmegaConf.set_struct(task, True)
+    return task
