@@ -46,6 +46,8 @@ from tests.conftest import make_config
         (["-m", "output=uniform", "output.num_samples=4,0"], "job 1 (output=uniform output.num_samples=0): output"),
         (["-m", "output=uniform,rff", "output.num_samples=10"], "++KEY=VALUE or a sweep of one: 'KEY=choice(VALUE)'"),
         (["optim.lr=[1"], "no viable alternative at input '[1'"),
+        (["-m", "output=full,rff", "sampler.D=64"], "sampler.D is not an option of output=full; it applies to"),
+        (["output=rff", "sampler.D=64", "sampler.unigram_shar=0.1"], "did you mean sampler.unigram_share?"),
     ],
 )
 def test_mistakes_on_the_command_line_are_one_line(args, expected, tmp_path, monkeypatch, capsys):

@@ -14,6 +14,7 @@ from hydra.errors import ConfigCompositionException, OverrideParseException, Sea
 from lmtrain.cli.failures import fail
 from lmtrain.config import composer, explain
 from lmtrain.config.callback import ConfigRefused
+from lmtrain.config.explain import one_line
 
 # raised by Hydra before it writes anything: composing the config (MissingConfigException is one), reading the
 # overrides, finding --config-dir
@@ -35,6 +36,17 @@ def run_app(app: Callable[[], Any]) -> None:
         fail(refusal(exc))
 
 
+def unswept(overrides: list[str]) -> list[str]:
+    """The overrides without the swept ones: what Hydra composes before a sweep (its primary config)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except OverrideParseException:
+        return overrides
+    return [o.input_line for o in parsed if not o.is_sweep_override() and o.input_line]
+
+
 def refusal(exc: BaseException) -> str:
     """Hydra's error in one line, with the hints that need the command line as Hydra read it."""
     from hydra._internal.utils import get_args_parser
@@ -43,7 +55,11 @@ def refusal(exc: BaseException) -> str:
     config_dir = Path(args.config_dir).resolve() if args.config_dir else None
     if isinstance(exc, SearchPathException):
         return str(exc)
+    overrides = unswept(list(args.overrides)) if args.multirun else list(args.overrides)
     with composer(config_dir) as compose:
-        message = explain(exc, list(args.overrides), compose)
+        try:
+            message = explain(exc, overrides, compose)
+        except Exception:  # the hint needs a composition that fails too: Hydra's own message, in one line
+            message = one_line(exc)
     unknown_key = isinstance(exc.__cause__, (KeyError, AttributeError))  # OmegaConf's errors of a missing key
     return message + (SWEEP_HINT if args.multirun and unknown_key else "")

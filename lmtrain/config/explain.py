@@ -68,6 +68,7 @@ def sampler_option(key: str, others: list[str], compose: Compose) -> str:
     from hydra.core.global_hydra import GlobalHydra
 
     option, top = key.split(".", 1)[1], key.split(".")[1]
+    others = [o for o in others if not key_of(o).startswith("sampler.")]  # another sampler key may not fit either
     reference = compose(others, hydra=True)
     output = reference.hydra.runtime.choices.get("output")
     known = sorted(str(k) for k in (reference.get("sampler") or {}) if not str(k).startswith("_"))
