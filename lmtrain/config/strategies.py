@@ -36,6 +36,8 @@ class AdaptiveConfig:
     cutoffs: list[int] | None = None
     div_value: float = field(default=4.0, metadata={"above": 0})
     head_bias: bool = True
+    # GPU paths: a tail cluster's logits at every position are dense up to logits_mib MiB (float32), else chunked
+    logits_mib: float = field(default=128.0, metadata={"above": 0})
 
 
 @dataclass
