@@ -171,7 +171,11 @@ class SampledOutput(OutputLayer):
         proposal = self.propose(query, inputs)
         proposal.expect(target.unsqueeze(1))  # the targets' log q may come with the draws' (target_log_q)
         ids, log_q, tries = self.draw(hidden, inputs, proposal)
-        target_score, noise_score = self.query_scores(query, target.unsqueeze(1)), self.query_scores(query, ids)
+        if self.gpu_paths and ids.dim() == 2:  # one gather and one product for the targets and the negatives
+            scores = self.query_scores(query, torch.cat([target.unsqueeze(1), ids], dim=1))  # (N, 1 + m)
+            target_score, noise_score = scores[:, :1], scores[:, 1:]
+        else:
+            target_score, noise_score = self.query_scores(query, target.unsqueeze(1)), self.query_scores(query, ids)
         return Draw(query, proposal, ids, log_q, tries, target_score, noise_score)
 
     def target_log_q(
