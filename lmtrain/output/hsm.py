@@ -9,6 +9,7 @@ from torch import Tensor, nn
 
 from lmtrain.output.base import OutputLayer
 from lmtrain.output.hsm_layouts import tree_layout
+from lmtrain.sampler.precision import in_float32
 
 TREES = ("huffman", "balanced", "two_level")
 
@@ -77,4 +78,6 @@ class HierarchicalSoftmax(OutputLayer):
         return self.layout.log_probs_all(self.query(hidden) @ self.weight.T)  # scores of every row (N, rows)
 
     def loss(self, hidden: Tensor, target: Tensor, inputs: Tensor | None = None) -> Tensor:
+        if self.gpu_paths:  # float32 as log_prob, the mean in fewer operators
+            return in_float32(self.layout.mean_nll)(self.weight, self.query(hidden), target, self.sparse)
         return -self.log_prob(hidden, target).mean()

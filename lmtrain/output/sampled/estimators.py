@@ -55,6 +55,20 @@ def logistic_loss(target_logit: Tensor, noise_logit: Tensor) -> Tensor:
     return F.softplus(-target_logit).sum(1) + F.softplus(noise_logit).sum(1)
 
 
+def logistic_nll(target_logit: Tensor, noise_logit: Tensor) -> Tensor:
+    """``logistic_loss`` in fewer operators (the GPU paths), (N, 1): -ln sigmoid(t) + Σ softplus(n), the same value
+    up to float rounding; ``target_logit`` (N, 1), ``noise_logit`` (N, m)."""
+    return F.softplus(noise_logit).sum(1, keepdim=True) - F.logsigmoid(target_logit)
+
+
+def joint_logistic_nll(logits: Tensor) -> Tensor:
+    """``logistic_loss`` of one (N, 1 + m) tensor of logits, the target's first, (N,): Σ_j softplus(l_j) - l_t, as
+    softplus(-t) = softplus(t) - t; one pass over the tensor, so its gradient needs no slicing. It differs from
+    ``logistic_loss`` by float rounding: absolutely by about the rounding of softplus(l_t), which matters only
+    when l_t is large, where the row's loss is near 0 anyway."""
+    return F.softplus(logits).sum(1) - logits[:, 0]
+
+
 def draw_negatives(proposal: Proposal, num_samples: int, positions: int, shared: bool) -> tuple[Tensor, Tensor]:
     """m negatives and their log q: (N, m) per position, or (m,) for the batch when ``shared`` (or a
     per-example proposal's own draws); a shared proposal draws N x m at once for per-position negatives."""
