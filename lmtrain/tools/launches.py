@@ -154,8 +154,10 @@ def count_train_step(
     module.train()
     optimizer = module.configure_optimizers()["optimizer"]
     if module.output.gpu_paths:  # torch's optimizers default to their multi-tensor (foreach) kernels on CUDA tensors
-        for group in optimizer.param_groups:
-            group["foreach"] = True
+        sparse = {id(p) for p in module.sparse_parameters()}
+        for group in getattr(optimizer, "param_groups", []):
+            if not any(id(p) in sparse for p in group["params"]):  # sparse gradients take the per-tensor path
+                group["foreach"] = True
     rows, cols = batch
     windows = torch.multinomial(counts.double(), (warmup + 1) * rows * (cols + 1), replacement=True)
     windows = windows.view(warmup + 1, rows, cols + 1)  # drawn before counting: the data is not the step's work
