@@ -19,10 +19,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 SMALL = ["model.emb_dim=16", "model.hidden_dim=16", "model.num_layers=1"]
 KERNEL = ["output=rff", "output=quadratic"]
-# The budget is 3x unigram's operators. Counted exactly (no profiler markers or wrappers, the optimizer's
-# multi-tensor step as on CUDA) the kernel samplers take 2.9-3.9x: the budget is not met (docs/gpu.md), and this
-# bound only keeps the count from growing
-KERNEL_TIMES_UNIGRAM = 4
+# The budget is 3x unigram's operators, 2x unigram's (about 160 on the default model) beyond unigram's own.
+# Counted exactly (no profiler markers or wrappers, the optimizer's multi-tensor step as on CUDA) the kernel samplers
+# take up to about 230 beyond it: the budget is not met (docs/gpu.md), and this bound only keeps the count from growing
+KERNEL_BEYOND_UNIGRAM = 240
 
 
 def counts(overrides: list[str], n: int, execution: str = "gpu"):
@@ -73,7 +73,7 @@ def test_kernel_samplers_launch_the_same_operators_at_every_size(output, shared)
     unigram = counts(["output=unigram"], 10_000).launches
     small, large = (counts(options, n) for n in (10_000, 1_000_000))
     assert small.syncs <= 1 and large.syncs <= 1, (dict(small.sync_ops), dict(large.sync_ops))
-    assert max(small.launches, large.launches) <= KERNEL_TIMES_UNIGRAM * unigram
+    assert max(small.launches, large.launches) - unigram <= KERNEL_BEYOND_UNIGRAM, (small.launches, large.launches)
     assert abs(large.launches - small.launches) <= 0.05 * small.launches, (small.launches, large.launches)
 
 
