@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from lmtrain.common.precision import in_float32
 from lmtrain.output.base import OutputLayer
+from lmtrain.output.chunked_softmax import chunked_softmax_nll
 from lmtrain.output.options import AdaptiveOptions
 
 HEAD_CAP, TAIL_FRACTION, MAX_CLUSTERS = 2000, 0.6, 3
@@ -49,6 +51,14 @@ class AdaptiveSoftmax(OutputLayer):
     tail clusters whose input is projected to d / div_value^k dimensions. ``cutoffs=None`` derives them
     from the vocabulary size (``derive_cutoffs``, with no more clusters than ``dim`` allows). All
     parameters are dense (no sparse row gradients).
+
+    On the GPU paths (``gpu_paths``) the training loss takes ``fixed_shape_log_prob``: torch's module finds each
+    cluster's positions with ``nonzero`` (a host sync per cluster); there every tail cluster is scored for all N
+    positions instead, the target clamped into it, and a mask keeps the positions that belong to it. That costs
+    N x (cluster size) logits per tail cluster where the CPU path scores only the cluster's own positions: dense
+    while they take at most ``logits_mib`` MiB (float32), else in vocabulary chunks of that size
+    (``chunked_softmax_nll``), so memory stays bounded at any n. Same parameters, same values to float rounding;
+    ``log_prob`` and ``log_probs_all`` (exact evaluation) are torch's on both paths.
     """
 
     loss_is_nll = True
@@ -71,8 +81,10 @@ class AdaptiveSoftmax(OutputLayer):
                 f"({len(cutoffs)} clusters); use a smaller div_value or fewer cutoffs"
             )
         self.num_classes, self.dim = num_classes, dim
-        self.cutoffs = cutoffs
+        self.cutoffs, self.logits_mib = cutoffs, opts.logits_mib
         head_bias = opts.head_bias
+        # where the clusters begin, for the GPU paths; not saved: checkpoints are the same on both paths
+        self.register_buffer("bounds", torch.tensor(cutoffs), persistent=False)
         self.asm = nn.AdaptiveLogSoftmaxWithLoss(dim, num_classes, cutoffs, div_value=div_value, head_bias=head_bias)
 
     def log_prob(self, hidden: Tensor, target: Tensor) -> Tensor:
@@ -82,7 +94,32 @@ class AdaptiveSoftmax(OutputLayer):
     def loss(self, hidden: Tensor, target: Tensor, inputs: Tensor | None = None) -> Tensor:
         """The exact NLL, in float32 under autocast: torch's adaptive softmax writes its bfloat16 cluster
         log-probabilities into a tensor of the input's dtype and fails (or, given bfloat16, sums in bfloat16)."""
+        if self.gpu_paths:
+            return (-self.fixed_shape_log_prob(hidden, target)).mean()
         return self.asm(hidden, target).loss
+
+    def fixed_shape_log_prob(self, hidden: Tensor, target: Tensor) -> Tensor:
+        """(N, d), (N,) -> (N,) log p(target | hidden) with shapes that do not depend on the targets: no host sync."""
+        asm = self.asm
+        cluster = torch.bucketize(target, self.bounds, right=True)  # (N,) 0: head, k: tail cluster k
+        head = torch.log_softmax(asm.head(hidden), dim=1)  # (N, shortlist + clusters)
+        column = torch.where(cluster == 0, target, cluster + (asm.shortlist_size - 1))  # the word or its cluster
+        log_p = head.gather(1, column[:, None])[:, 0]  # (N,)
+        for k, tail in enumerate(asm.tail):
+            low, high = asm.cutoffs[k], asm.cutoffs[k + 1]
+            local = (target - low).clamp(0, high - low - 1)  # (N,) the target's column in the cluster (clamped)
+            inside = self.tail_log_prob(tail, hidden, local)  # (N,) log p(local | cluster k)
+            log_p = log_p + torch.where(cluster == k + 1, inside, 0.0)
+        return log_p
+
+    def tail_log_prob(self, tail: nn.Module, hidden: Tensor, local: Tensor) -> Tensor:
+        """(N,) log p(local | cluster) of one tail cluster at every position: dense, or chunked when large."""
+        projected = tail[0](hidden)  # (N, d / div_value^k)
+        words = tail[1].weight  # (cluster size, d / div_value^k)
+        chunk = max(int(self.logits_mib * 2**20) // (4 * max(hidden.shape[0], 1)), 1)  # classes whose logits fit
+        if chunk >= words.shape[0]:
+            return torch.log_softmax(tail[1](projected), dim=1).gather(1, local[:, None])[:, 0]
+        return -chunked_softmax_nll(projected, words, words.new_zeros(words.shape[0]), local, chunk)
 
     def log_probs_all(self, hidden: Tensor) -> Tensor:
         return self.asm.log_prob(hidden)

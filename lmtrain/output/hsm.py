@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from lmtrain.common.precision import in_float32
 from lmtrain.output.base import OutputLayer
 from lmtrain.output.hsm_layouts import tree_layout
 from lmtrain.output.options import HSMOptions
@@ -66,4 +67,6 @@ class HierarchicalSoftmax(OutputLayer):
         return self.layout.log_probs_all(self.query(hidden) @ self.weight.T)  # scores of every row (N, rows)
 
     def loss(self, hidden: Tensor, target: Tensor, inputs: Tensor | None = None) -> Tensor:
+        if self.gpu_paths:  # float32 as log_prob, the mean in fewer operators
+            return in_float32(self.layout.mean_nll)(self.weight, self.query(hidden), target, self.sparse)
         return -self.log_prob(hidden, target).mean()

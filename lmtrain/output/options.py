@@ -36,6 +36,9 @@ class AdaptiveOptions:
     # tail cluster k projects the hidden state to dim / div_value^k dimensions
     div_value: float = field(default=4.0, metadata={"above": 0})
     head_bias: bool = True
+    # GPU paths: a tail cluster's (N, size) logits at every position are dense up to this many MiB (float32), else
+    # computed in vocabulary chunks
+    logits_mib: float = field(default=128.0, metadata={"above": 0})
 
 
 @dataclass

@@ -5,8 +5,9 @@ the queue until the device catches up, so a step's cost there is bounded below b
 arithmetic. Counts are exact and machine-independent, so they can be asserted by tests and compared across code
 versions, unlike timings. ``DispatchCounter`` counts the aten operators dispatched while it is active:
 
-- a **launch** is an operator that does work: not a view (``view``, ``transpose``, ``expand``, ...), not a metadata
-  query, not an allocation without a fill (``empty``);
+- a **launch** is an operator that does work: not a view (``view``, ``transpose``, ``expand``, ``_unsafe_view``, ...),
+  not a metadata query, not an allocation without a fill (``empty``), not host-side bookkeeping (the profiler's
+  markers, a sparse tensor wrapped around existing tensors);
 - a **sync** is an operator whose result the host must wait for: a tensor's value read on the host (``item``,
   ``int()``, ``bool()``, ``tolist``: ``_local_scalar_dense``), an output whose size depends on the data
   (``unique``, ``nonzero``, ``masked_select``, indexing with a boolean mask, ``repeat_interleave`` by a tensor
@@ -14,7 +15,9 @@ versions, unlike timings. ``DispatchCounter`` counts the aten operators dispatch
 
 ``count_train_step`` builds the default model with any ``output=`` / ``sampler=`` choice for a vocabulary of
 ``num_classes`` (Zipf counts and a random token stream, no corpus), takes warm-up steps, then counts one
-``lmtrain.training.step.train_step``: forward, backward, clipping, the optimizer step and the after-step hook.
+``lmtrain.training.step.train_step``: forward, backward, clipping, the optimizer step and the after-step hook. On the
+GPU paths the optimizer takes its multi-tensor (``foreach``) implementation, which torch picks by default for CUDA
+tensors (one launch for all dense parameters instead of one each); on a CPU it would not.
 """
 
 from __future__ import annotations
@@ -43,6 +46,14 @@ NO_LAUNCH = {
     "set_",
     "_has_compatible_shallow_copy_type",
     "record_stream",
+    # host-side bookkeeping that launches nothing: the profiler's markers around an optimizer step, a view made
+    # without autograd's view tracking, a sparse tensor wrapped around existing index and value tensors
+    "_record_function_enter",
+    "_record_function_enter_new",
+    "_record_function_exit",
+    "_unsafe_view",
+    "_sparse_coo_tensor_with_dims_and_tensors",
+    "is_coalesced",
 }
 SYNC_OPS = {
     "_local_scalar_dense",
@@ -142,6 +153,11 @@ def count_train_step(
     module = build_module(cfg, num_classes, counts, stream)
     module.train()
     optimizer = module.configure_optimizers()["optimizer"]
+    if module.output.gpu_paths:  # torch's optimizers default to their multi-tensor (foreach) kernels on CUDA tensors
+        sparse = {id(p) for p in module.sparse_parameters()}
+        for group in getattr(optimizer, "param_groups", []):
+            if not any(id(p) in sparse for p in group["params"]):  # sparse gradients take the per-tensor path
+                group["foreach"] = True
     rows, cols = batch
     windows = torch.multinomial(counts.double(), (warmup + 1) * rows * (cols + 1), replacement=True)
     windows = windows.view(warmup + 1, rows, cols + 1)  # drawn before counting: the data is not the step's work
@@ -156,18 +172,43 @@ def count_train_step(
     return counter.counts
 
 
+def count_draw(overrides: list[str], num_classes: int, positions: int = 700, seed: int = 0) -> Counts:
+    """The counts of a sampled strategy's draw alone: its sampler's proposal for ``positions`` random query vectors
+    and input tokens, and the m negatives drawn from it (what ``SampledOutput.draw`` asks of the sampler). Zero
+    counts for a strategy without a sampler."""
+    from lmtrain.config import compose_config
+    from lmtrain.training.build import build_module
+
+    cfg = compose_config(["data=synthetic", f"data.vocab_size={num_classes}", "trainer.accelerator=cpu", *overrides])
+    torch.manual_seed(seed)
+    counts = synthetic_counts(num_classes)
+    stream = torch.multinomial(counts.double(), 20_000, replacement=True)
+    output = build_module(cfg, num_classes, counts, stream).output
+    if not hasattr(output, "sampler"):
+        return Counts()
+    hidden = torch.randn(positions, cfg.model.hidden_dim)  # (N, d): the encoder's output size
+    inputs = torch.multinomial(counts.double(), positions, replacement=True)  # (N,) the previous words
+    with torch.no_grad():
+        query = output.query(hidden)  # (N, d'), the output layer's work
+        for _ in range(2):  # the last one is counted
+            with DispatchCounter() as counter:
+                output.draw(hidden, inputs, output.propose(query, inputs))
+    return counter.counts
+
+
 def launches_table(record: dict[str, Any]) -> str:
     """A ``scripts/bench_launches.py`` record as markdown: per strategy and size, operators / syncs on the CPU and
     the GPU paths."""
     rows = record["rows"]
-    cells = {(r["output"], r["n"], r["execution"]): f"{r['launches']:,} / {r['syncs']}" for r in rows}
+    cells = {(r["output"], r["n"], r["execution"]): cell(r) for r in rows}
     sizes = sorted({r["n"] for r in rows})
     outputs = list(dict.fromkeys(r["output"] for r in rows))
     head = ["output", *(f"n = {n:,} {path}" for n in sizes for path in ("cpu", "gpu"))]
     lines = [
         f"<!-- written by `{record['command']}`: do not edit -->",
         "Operators that launch work / host syncs of one `train_step` (default model, batch 20 x 35, m = 100), "
-        "CPU paths (`execution=cpu`, what a GPU ran before) and GPU paths (`execution=gpu`).",
+        "CPU paths (`execution=cpu`, what a GPU ran before) and GPU paths (`execution=gpu`); in brackets the "
+        "operators of the sampler's draw alone, part of the step's.",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "|".join("---" for _ in head) + "|",
@@ -176,3 +217,9 @@ def launches_table(record: dict[str, Any]) -> str:
         values = [cells.get((output, n, path), "") for n in sizes for path in ("cpu", "gpu")]
         lines.append(f"| {output} | " + " | ".join(values) + " |")
     return "\n".join([*lines, "", *(f"- {line}" for line in record["budgets"])]) + "\n"
+
+
+def cell(row: dict[str, Any]) -> str:
+    """A row of the record as its table cell: operators / syncs, and (draw k) where the draw was counted."""
+    draw = row.get("draw_launches")
+    return f"{row['launches']:,} / {row['syncs']}" + (f" (draw {draw})" if draw else "")

@@ -108,17 +108,14 @@ def build_optimizer(
 
 def merge_repeats(grad: Tensor) -> Tensor:
     """A sparse row gradient (n, ...) whose repeated rows are added up, with the shape of its entries kept: R
-    entries in, R entries out, the first ones one per distinct row (sorted), the rest zero rows. What ``coalesce``
-    gives, padded to a size known before the step, so a GPU never waits to learn it; not marked coalesced (the
-    zero padding repeats a row), which every consumer (norms, SGD's sparse add, ``changed_rows``) handles."""
+    entries in, R entries out, sorted by row; each distinct row's sum sits at its first entry and the entries that
+    repeat it are zero. What ``coalesce`` gives, padded to a size known before the step, so a GPU never waits to
+    learn it; not marked coalesced (the zero entries repeat a row), which every consumer (norms, SGD's sparse add,
+    ``changed_rows``) handles. Four operators: a sort, a search and the scatter-add into zeros."""
     ids, values = grad._indices()[0], grad._values()  # (R,), (R, ...)
-    order = ids.argsort()
-    ids = ids.index_select(0, order)  # (R,) sorted
-    first = torch.ones_like(ids, dtype=torch.bool)
-    first[1:] = ids[1:] != ids[:-1]
-    slot = first.cumsum(0) - 1  # (R,) the distinct row each entry adds into
-    merged = torch.zeros_like(values).index_add_(0, slot, values.index_select(0, order))  # (R, ...)
-    rows = torch.zeros_like(ids).scatter_(0, slot, ids)  # padding slots: row 0 with zero values
+    rows = ids.sort().values  # (R,) sorted
+    first = torch.searchsorted(rows, ids)  # (R,) where each entry's row first appears among the sorted ones
+    merged = torch.zeros_like(values).index_add_(0, first, values)  # (R, ...) one sum per distinct row
     return torch.sparse_coo_tensor(rows.unsqueeze(0), merged, grad.shape, check_invariants=False)
 
 

@@ -33,6 +33,7 @@ class Draw(NamedTuple):
     tries: Tensor | None
     target_score: Tensor  # (N, 1)
     noise_score: Tensor  # (N, m)
+    scores: Tensor | None = None  # (N, 1 + m), target first, where both came from one product (the GPU paths)
 
 
 class SampledOutput(OutputLayer):
@@ -113,7 +114,15 @@ class SampledOutput(OutputLayer):
         return torch.cat([hidden, hidden.new_ones(hidden.shape[0], 1)], dim=1)
 
     def score(self, query: Tensor, rows: Tensor) -> Tensor:
-        """query (N, d'), rows (k, d') shared or (N, k, d') per example -> logits (N, k)."""
+        """query (N, d'), rows (k, d') shared or (N, k, d') per example -> logits (N, k).
+
+        The GPU paths multiply with the rows on the left, so the rows' gradient comes out of the product contiguous
+        and the sparse gradient takes it without a copy (one operator fewer), and a target's row-wise dot is one
+        batched product (one operator forward instead of two); the same sums in another order."""
+        if self.gpu_paths:
+            if rows.dim() == 2:
+                return torch.mm(rows, query.T).T  # (N, k), transposed in memory
+            return torch.bmm(rows, query.unsqueeze(2)).view(rows.shape[:2])  # (N, k)
         if rows.dim() == 2:
             return query @ rows.T
         if rows.shape[1] == 1:  # one row per example (the targets): a row-wise dot, no batched matmul
@@ -171,8 +180,19 @@ class SampledOutput(OutputLayer):
         proposal = self.propose(query, inputs)
         proposal.expect(target.unsqueeze(1))  # the targets' log q may come with the draws' (target_log_q)
         ids, log_q, tries = self.draw(hidden, inputs, proposal)
+        if self.gpu_paths:
+            return Draw(query, proposal, ids, log_q, tries, *self.joint_scores(query, target, ids))
         target_score, noise_score = self.query_scores(query, target.unsqueeze(1)), self.query_scores(query, ids)
         return Draw(query, proposal, ids, log_q, tries, target_score, noise_score)
+
+    def joint_scores(self, query: Tensor, target: Tensor, ids: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        """The GPU paths' scores of the targets (N, 1) and the negatives (N, m); per position from one gather of
+        their rows (one sparse gradient) and one product, which is returned too (N, 1 + m). Shared negatives keep
+        two gathers: splitting one gather of N + m rows costs as many operators in the backward pass."""
+        if ids.dim() == 2:
+            scores = self.query_scores(query, torch.cat([target.unsqueeze(1), ids], dim=1))  # (N, 1 + m)
+            return scores[:, :1], scores[:, 1:], scores
+        return self.query_scores(query, target.unsqueeze(1)), self.query_scores(query, ids), None
 
     def target_log_q(
         self, query: Tensor, target: Tensor, inputs: Tensor | None = None, proposal: Proposal | None = None

@@ -33,6 +33,16 @@ def exact_logits(neg_logits: Tensor, log_q: Tensor, log_q_target: Tensor, hits: 
     return neg_logits - (kept.log() - log_rest).unsqueeze(1) - log_q
 
 
+def exact_offsets(log_q: Tensor, log_q_target: Tensor, hits: Tensor, num_samples: int) -> Tensor:
+    """What ``exact_logits`` subtracts from the negatives' logits, (N, m), +inf on the hits (which removes them): the
+    GPU paths' form, ln k_t - ln(1 - q_t) as one logarithm of -(k_t) / -(1 - q_t), in fewer operators; the same
+    values up to float rounding. ``log_q`` (N, m), ``log_q_target`` (N,), ``hits`` (N, m)."""
+    minus_kept = hits.sum(1, dtype=log_q.dtype).sub_(num_samples).clamp_(max=-1)  # (N,) -k_t
+    minus_rest = torch.expm1(log_q_target.clamp(max=-1e-7))  # (N,) -(1 - q_t)
+    offset = torch.log(minus_kept.div_(minus_rest)).unsqueeze(1) + log_q  # (N, m) ln k_t - ln(1 - q_t) + ln q_j
+    return offset.masked_fill_(hits, float("inf"))
+
+
 def expected_count_logits(neg_logits: Tensor, log_q: Tensor, tries: Tensor) -> Tensor:
     """Distinct negatives drawn in ``tries`` draws, corrected by their expected counts E_j = 1 - (1 - q_j)^tries."""
     log_count = torch.log(-torch.expm1(tries * torch.log1p(-log_q.exp().clamp(max=1 - 1e-7))))
@@ -45,6 +55,13 @@ def softmax_nll(target_logit: Tensor, neg_logits: Tensor) -> Tensor:
     return torch.logsumexp(logits, dim=1) - target_logit[:, 0]
 
 
+def joint_softmax_nll(scores: Tensor, offsets: Tensor) -> Tensor:
+    """``softmax_nll`` from one (N, 1 + m) tensor of scores, the target's first, less the negatives' ``offsets``
+    (N, m; +inf removes one): no concatenation, and no slicing in the backward pass (the GPU paths)."""
+    logits = scores - F.pad(offsets, (1, 0))  # (N, 1 + m), the target's logit as it is
+    return torch.logsumexp(logits, dim=1) - scores[:, 0]
+
+
 def noise_contrast_logits(score: Tensor, log_q: Tensor, num_samples: int, log_z: Tensor) -> Tensor:
     """NCE's logit of "data, not noise": Δ = s - ln q - (ln k + ln Z)."""
     return score - log_q - (math.log(num_samples) + log_z)
@@ -53,6 +70,20 @@ def noise_contrast_logits(score: Tensor, log_q: Tensor, num_samples: int, log_z:
 def logistic_loss(target_logit: Tensor, noise_logit: Tensor) -> Tensor:
     """(N,) logistic regression of the target (N, 1) against the noise draws (N, m): softplus(-t) + Σ softplus(n)."""
     return F.softplus(-target_logit).sum(1) + F.softplus(noise_logit).sum(1)
+
+
+def logistic_nll(target_logit: Tensor, noise_logit: Tensor) -> Tensor:
+    """``logistic_loss`` in fewer operators (the GPU paths), (N, 1): -ln sigmoid(t) + Σ softplus(n), the same value
+    up to float rounding; ``target_logit`` (N, 1), ``noise_logit`` (N, m)."""
+    return F.softplus(noise_logit).sum(1, keepdim=True) - F.logsigmoid(target_logit)
+
+
+def joint_logistic_nll(logits: Tensor) -> Tensor:
+    """``logistic_loss`` of one (N, 1 + m) tensor of logits, the target's first, (N,): Σ_j softplus(l_j) - l_t, as
+    softplus(-t) = softplus(t) - t; one pass over the tensor, so its gradient needs no slicing. It differs from
+    ``logistic_loss`` by float rounding: absolutely by about the rounding of softplus(l_t), which matters only
+    when l_t is large, where the row's loss is near 0 anyway."""
+    return F.softplus(logits).sum(1) - logits[:, 0]
 
 
 def draw_negatives(proposal: Proposal, num_samples: int, positions: int, shared: bool) -> tuple[Tensor, Tensor]:

@@ -7,7 +7,7 @@ from typing import ClassVar
 from torch import Tensor
 
 from lmtrain.output.sampled.base import SampledOutput
-from lmtrain.output.sampled.estimators import logistic_loss
+from lmtrain.output.sampled.estimators import logistic_loss, logistic_nll
 from lmtrain.output.sampled.options import BiasOptions
 
 
@@ -22,4 +22,6 @@ class NegativeSampling(SampledOutput):
 
     def loss(self, hidden: Tensor, target: Tensor, inputs: Tensor | None = None) -> Tensor:
         d = self.scored_draw(hidden, target, inputs)
+        if self.gpu_paths:
+            return logistic_nll(d.target_score, d.noise_score).mean()
         return logistic_loss(d.target_score, d.noise_score).mean()

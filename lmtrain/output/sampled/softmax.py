@@ -12,7 +12,9 @@ from lmtrain.output.sampled.estimators import (
     classic_logits,
     draw_unique,
     exact_logits,
+    exact_offsets,
     expected_count_logits,
+    joint_softmax_nll,
     softmax_nll,
 )
 from lmtrain.output.sampled.options import EstimatorOptions, SoftmaxOptions
@@ -57,7 +59,7 @@ class SampledSoftmax(SampledOutput):
     def loss(self, hidden: Tensor, target: Tensor, inputs: Tensor | None = None) -> Tensor:
         d = self.scored_draw(hidden, target, inputs)
         nll = self.sampled_nll(
-            d.query, target, d.target_score, d.noise_score, d.ids, d.log_q, d.tries, inputs, d.proposal
+            d.query, target, d.target_score, d.noise_score, d.ids, d.log_q, d.tries, inputs, d.proposal, d.scores
         )
         return nll.mean()
 
@@ -72,11 +74,12 @@ class SampledSoftmax(SampledOutput):
         tries: Tensor | None,
         inputs: Tensor | None = None,
         proposal: Proposal | None = None,
+        scores: Tensor | None = None,
     ) -> Tensor:
         """The per-position sampled-softmax loss (N,) from the logits of the targets (N, 1) and of the drawn
         ids (N, m) (``draw``'s ids, log q and tries; ``inputs`` and ``proposal`` as given to ``draw``): the estimator
-        that training
-        minimises and that ``lmtrain.diagnose`` differentiates with respect to the logits."""
+        that training minimises and that ``lmtrain.diagnose`` differentiates with respect to the logits. ``scores``:
+        the (N, 1 + m) tensor that both logits are views of, where there is one (the GPU paths' ``Draw.scores``)."""
         opts = self.options
         hits = accidental_hits(ids, target)  # (N, m)
         log_q = log_q.expand_as(neg_logits)  # (N, m)
@@ -84,6 +87,11 @@ class SampledSoftmax(SampledOutput):
             neg_logits = expected_count_logits(neg_logits, log_q, tries)
         elif opts.correction == "exact" and opts.remove_accidental_hits:
             log_q_target = self.target_log_q(query, target, inputs, proposal).reshape(-1)  # (N,)
+            if self.gpu_paths:  # the same logits, hits removed, in fewer operators
+                offsets = exact_offsets(log_q, log_q_target, hits, opts.num_samples)  # (N, m)
+                if scores is not None:
+                    return joint_softmax_nll(scores, offsets)
+                return softmax_nll(target_logit, neg_logits - offsets)
             neg_logits = exact_logits(neg_logits, log_q, log_q_target, hits, opts.num_samples)
         else:  # classic, and exact when no negative is removed (the two agree then)
             neg_logits = classic_logits(neg_logits, log_q, opts.num_samples)

@@ -16,8 +16,10 @@ from lmtrain.sampler.kernel.fixed_update import FixedUpdate
 # elements of the temporaries of one chunk of changed rows (8 MiB): small enough to stay in cache and to be reused
 # without page faults, large enough for few Python steps (docs/architecture.md, measured design choices)
 UPDATE_CHUNK = 1 << 21
-# the largest temporary of a GPU path's block (2 GiB of float32): blocks there bound memory, not cache use
-GPU_BLOCK_ELEMENTS = 1 << 29
+# the largest temporary of a GPU path's block (4 GiB of float32): blocks there bound memory, not cache use. At
+# 10^6 types the default model's quadratic tree recomputes its 16,384 leaves in one product (870 M elements, 3.2 GiB;
+# the tree itself holds 2.5 GiB), so the step launches what it launches at 10^4 and 10^5
+GPU_BLOCK_ELEMENTS = 1 << 30
 DELTA_COST = 2  # a changed row's delta costs two member rows of a bucket recompute (phi(new) and phi(old))
 
 

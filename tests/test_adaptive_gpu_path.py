@@ -1,0 +1,51 @@
+"""The adaptive softmax's GPU path (fixed shapes, no host sync): the CPU path's loss and gradients, the same state."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lmtrain.common.execution import set_execution
+from lmtrain.output import AdaptiveSoftmax
+from lmtrain.tools.launches import DispatchCounter
+
+
+def loss_and_grads(output: AdaptiveSoftmax, hidden: torch.Tensor, target: torch.Tensor, gpu: bool):
+    set_execution(output, "gpu" if gpu else "cpu")
+    hidden = hidden.clone().requires_grad_(True)
+    output.zero_grad(set_to_none=True)
+    loss = output.loss(hidden, target)
+    loss.backward()
+    return loss.detach(), hidden.grad, {k: p.grad.clone() for k, p in output.named_parameters()}
+
+
+@pytest.mark.parametrize("logits_mib", [128.0, 1e-4])  # dense tail clusters, and chunks of a few classes
+def test_the_gpu_path_gives_the_cpu_paths_loss_and_gradients(logits_mib):
+    torch.manual_seed(0)
+    output = AdaptiveSoftmax(300, 16, cutoffs=[20, 90, 200], div_value=2.0, logits_mib=logits_mib).double()
+    hidden = torch.randn(40, 16, dtype=torch.float64)
+    target = torch.cat([torch.tensor([0, 19, 20, 89, 90, 199, 200, 299]), torch.randint(300, (32,))])
+    cpu, gpu = (loss_and_grads(output, hidden, target, on) for on in (False, True))
+    torch.testing.assert_close(gpu[0], cpu[0], rtol=1e-12, atol=0)
+    torch.testing.assert_close(gpu[1], cpu[1], rtol=1e-10, atol=1e-14)
+    assert cpu[2].keys() == gpu[2].keys()
+    for name, grad in cpu[2].items():
+        torch.testing.assert_close(gpu[2][name], grad, rtol=1e-10, atol=1e-14, msg=name)
+    assert all(g.abs().sum() > 0 for g in gpu[2].values())  # every cluster was trained
+
+
+def test_the_gpu_path_does_not_sync_and_keeps_the_state_and_the_evaluation():
+    torch.manual_seed(1)
+    output = AdaptiveSoftmax(1000, 32, cutoffs=[100, 400])
+    hidden, target = torch.randn(64, 32), torch.randint(1000, (64,))
+    log_p = output.log_prob(hidden, target)
+    keys = set(output.state_dict())
+    set_execution(output, "gpu")
+    with DispatchCounter() as counter:
+        output.loss(hidden, target).backward()
+    assert counter.counts.syncs == 0, dict(counter.counts.sync_ops)
+    assert set(output.state_dict()) == keys and "bounds" not in keys  # checkpoints load on either path
+    torch.testing.assert_close(output.log_prob(hidden, target), log_p, rtol=0, atol=0)
+    other = AdaptiveSoftmax(1000, 32, cutoffs=[100, 400])
+    other.load_state_dict(output.state_dict())
+    torch.testing.assert_close(other.log_prob(hidden, target), log_p, rtol=0, atol=0)

@@ -1,0 +1,73 @@
+"""The output layers' GPU-path losses (``execution=gpu``: fixed shapes, fewer operators) against their CPU paths:
+the same loss and the same gradients, to float rounding, for the same draws."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lmtrain.common.execution import set_execution
+from lmtrain.tools.launches import synthetic_counts
+from lmtrain.training.build import build_output
+from lmtrain.training.optim import merge_repeats
+from tests.conftest import make_config
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+N, DIM, CLASSES = 48, 12, 300
+OUTPUTS = [
+    ["output=uniform"],
+    ["output=unigram"],
+    ["output=exp"],
+    ["output=bigram"],
+    ["output=nce"],
+    ["output=nce", "output.learn_log_z=true"],
+    ["output=negative"],
+    ["output=hsm"],
+    ["output=hsm", "output.tree=two_level"],
+    ["output=rff", "sampler=uniform"],  # the cosine softmax
+    ["output=quadratic", "sampler=unigram"],  # the absolute softmax
+    ["output=rff", "sampler=uniform", "output.shared_negatives=true"],
+    ["output=adaptive", "output.cutoffs=[20,100]", "output.div_value=2.0"],
+]
+
+
+def loss_and_grads(output, hidden, target, inputs, execution: str):
+    set_execution(output, execution)
+    output.zero_grad(set_to_none=True)
+    hidden = hidden.clone().requires_grad_(True)
+    torch.manual_seed(7)  # the same draws on both paths
+    loss = output.loss(hidden, target, inputs)
+    loss.backward()
+    grads = {k: p.grad.to_dense() if p.grad.is_sparse else p.grad for k, p in output.named_parameters()}
+    return loss.detach(), hidden.grad, grads
+
+
+@pytest.mark.parametrize("overrides", OUTPUTS, ids=lambda o: " ".join(o))
+def test_gpu_path_losses_equal_the_cpu_paths(overrides):
+    counts = synthetic_counts(CLASSES)
+    stream = torch.multinomial(counts.double(), 5000, replacement=True, generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    output = build_output(make_config(["~data", *overrides]), CLASSES, DIM, counts, stream).double()
+    with torch.no_grad():  # biases away from 0, so the [h, 1] column matters
+        for p in output.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    hidden = torch.randn(N, DIM, dtype=torch.float64)
+    target = torch.multinomial(counts.double(), N, replacement=True)
+    inputs = torch.multinomial(counts.double(), N, replacement=True)
+    cpu = loss_and_grads(output, hidden, target, inputs, "cpu")
+    gpu = loss_and_grads(output, hidden, target, inputs, "gpu")
+    torch.testing.assert_close(gpu[0], cpu[0], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(gpu[1], cpu[1], rtol=1e-9, atol=1e-12)
+    for name, grad in cpu[2].items():
+        torch.testing.assert_close(gpu[2][name], grad, rtol=1e-9, atol=1e-12, msg=name)
+    assert cpu[0].abs() > 0.1 and cpu[1].abs().sum() > 0
+
+
+def test_merged_repeats_put_each_rows_sum_at_its_first_sorted_entry():
+    rows = torch.tensor([4, 1, 4, 0, 1, 4])
+    values = torch.arange(12.0).view(6, 2)
+    merged = merge_repeats(torch.sparse_coo_tensor(rows.unsqueeze(0), values, (6, 2)))
+    assert merged._indices()[0].tolist() == [0, 1, 1, 4, 4, 4]
+    expected = [[6, 7], [2 + 8, 3 + 9], [0, 0], [0 + 4 + 10, 1 + 5 + 11], [0, 0], [0, 0]]
+    assert merged._values().tolist() == expected
