@@ -34,7 +34,7 @@ of the generated corpus, which the plain loop reads once):
 
     python scripts/bench_train.py --experiment none --data synthetic:1000 --outputs full --threads 1 \
         --override model.num_layers=1 --override model.hidden_dim=32 --override model.emb_dim=32 \
-        --override data.batch_size=20 --override data.bptt=20 --steps 400 --warmup 50 --rounds 5
+        --override data.batch_size=20 --override data.bptt=20 --steps 400 --warmup 50 --rounds 9
 """
 
 from __future__ import annotations

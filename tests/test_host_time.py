@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 from datetime import timedelta
 
 import torch
@@ -48,3 +49,27 @@ def test_fast_attributes_skip_module_bookkeeping_only_for_the_listed_names():
     assert module.__dict__["_count"] == 3 and module.__dict__["_current_fx_name"] == "training_step"
     module.other = torch.nn.Linear(2, 2)  # any other name still registers submodules and parameters
     assert "other" in module._modules and len(list(module.parameters())) == 4
+
+
+def test_metrics_csv_is_written_at_most_every_few_seconds_and_complete_at_the_end(tiny_config, tmp_path, monkeypatch):
+    """A save per log interval cost as much as a small model's step: the training steps save the loggers only when
+    SAVE_EVERY_SECONDS passed (the first interval's save, then none within an hour), and the files still get every
+    step's row (Lightning saves them at validation and at the end)."""
+    import lightning.pytorch.loggers as loggers
+
+    from lmtrain.training import metered_module
+    from lmtrain.training.run import train
+
+    saves: list[int] = []
+    real_save = loggers.CSVLogger.save
+    monkeypatch.setattr(loggers.CSVLogger, "save", lambda self: saves.append(1) or real_save(self))
+    counted = {}
+    for seconds in (0.0, 3600.0):
+        monkeypatch.setattr(metered_module, "SAVE_EVERY_SECONDS", seconds)
+        saves.clear()
+        run = tmp_path / f"run-{seconds}"
+        train(tiny_config("trainer.max_steps=40", "trainer.log_every_n_steps=5", "test_after_fit=false", run_dir=run))
+        with open(run / "metrics.csv") as f:
+            assert len({row["step"] for row in csv.DictReader(f) if row.get("train/loss")}) == 40  # nothing lost
+        counted[seconds] = len(saves)
+    assert counted[0.0] - counted[3600.0] == 7  # 8 log intervals: each saved, or only the first

@@ -31,6 +31,7 @@ class MeteredModule(FastAttributes, L.LightningModule):
         "_segment",
         "train_seconds",
         "_batches_done",
+        "_saved_at",
     }
 
     def __init__(self) -> None:
@@ -42,6 +43,7 @@ class MeteredModule(FastAttributes, L.LightningModule):
         self.train_seconds = 0.0  # time in training so far, validation and its checkpoints left out (resumed too)
         self._segment: float | None = None  # when the current stretch of training started
         self._run_tokens, self._run_from = 0, 0.0  # this session's training tokens, training_seconds() at its start
+        self._saved_at = 0.0  # time.perf_counter() when the loggers last wrote their files (metrics.csv)
 
     def _record_step(self, loss: Tensor, value: float, tokens: int, loss_is_nll: bool) -> None:
         """Write one training step's metrics: train/loss at every step, and perplexity (when the loss is the exact
@@ -70,8 +72,13 @@ class MeteredModule(FastAttributes, L.LightningModule):
             trainer.progress_bar_metrics.update({k: v for k, v in row.items() if k in PROGRESS_BAR})
         for logger in self.loggers:
             logger.log_metrics({**row, "epoch": epoch}, step=step)
-            if len(row) > 1:  # as Lightning saves its loggers whenever it writes their metrics
+        now = time.perf_counter()
+        if len(row) > 1 and now - self._saved_at >= SAVE_EVERY_SECONDS:
+            # the files at most every few seconds: one save of metrics.csv costs about two milliseconds, as much as
+            # a small model's step; validation, the end of a run and a crash save them too (Lightning)
+            for logger in self.loggers:
                 logger.save()
+            self._saved_at = now
 
     def _interval_metrics(self, value: float, dtype: torch.dtype, loss_is_nll: bool) -> dict[str, Tensor]:
         """train/ppl (exp of the loss, when it is the exact NLL), lr and tokens/s (the mean over the steps since the
@@ -130,6 +137,7 @@ class MeteredModule(FastAttributes, L.LightningModule):
 
 
 PROGRESS_BAR = ("train/loss", "train/ppl")  # shown by the progress bar
+SAVE_EVERY_SECONDS = 5.0  # the loggers' files (metrics.csv) are written on a training step at most this often
 
 
 def host_scalar(value: float, dtype: torch.dtype | None = None) -> Tensor:
