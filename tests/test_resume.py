@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -64,15 +65,7 @@ def test_sigkill_mid_epoch_then_resume_matches_the_uninterrupted_run(tmp_path):
     assert kill_after <= killed_at["global_step"] < 2 * WINDOWS_PER_EPOCH  # mid epoch 2
     assert not (split / "run.json").is_file() or not run_info(split)["metrics"]  # it never finished
 
-    run_cli([*common, "logger=wandb", "ckpt_path=last", f"hydra.run.dir={split}"], tmp_path, WANDB_MODE="offline")
-    assert reference.wait(timeout=400) == 0
-    expected, resumed = run_info(straight)["metrics"], run_info(split)["metrics"]
-    assert math.isfinite(expected["val/ppl"])
-    assert abs(resumed["val/ppl"] - expected["val/ppl"]) <= 1e-6 * expected["val/ppl"]
-    a = torch.load(straight / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
-    b = torch.load(split / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
-    for key in a:
-        torch.testing.assert_close(b[key], a[key], rtol=1e-6, atol=1e-7, msg=key)
+    resume_matches_straight(common, tmp_path, split, straight, reference)
     killed, continued = sorted((split / "wandb").glob("offline-run-*"))  # offline-run-TIME-ID
     assert the(wandb_records(continued), "run").run_id == killed.name.rsplit("-", 1)[1]  # the same W&B run
 
@@ -108,9 +101,18 @@ def test_sigterm_mid_run_saves_the_step_and_resume_matches_the_uninterrupted_run
     [stopped] = (split / "wandb").glob("offline-run-*")
     assert the(wandb_records(stopped), "exit").exit_code == 143  # the W&B run was closed
 
+    resume_matches_straight(common, tmp_path, split, straight, reference)
+
+
+def resume_matches_straight(
+    common: list[str], tmp_path: Path, split: Path, straight: Path, reference: subprocess.Popen
+) -> None:
+    """Resume the interrupted run in ``split`` with ckpt_path=last: it must end as the uninterrupted ``reference``
+    run in ``straight`` does (its val/ppl and every weight)."""
     run_cli([*common, "logger=wandb", "ckpt_path=last", f"hydra.run.dir={split}"], tmp_path, WANDB_MODE="offline")
     assert reference.wait(timeout=400) == 0
     expected, resumed = run_info(straight)["metrics"], run_info(split)["metrics"]
+    assert math.isfinite(expected["val/ppl"])
     assert abs(resumed["val/ppl"] - expected["val/ppl"]) <= 1e-6 * expected["val/ppl"]
     a = torch.load(straight / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
     b = torch.load(split / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
