@@ -73,3 +73,13 @@ def test_metrics_csv_is_written_at_most_every_few_seconds_and_complete_at_the_en
             assert len({row["step"] for row in csv.DictReader(f) if row.get("train/loss")}) == 40  # nothing lost
         counted[seconds] = len(saves)
     assert counted[0.0] - counted[3600.0] == 7  # 8 log intervals: each saved, or only the first
+
+
+def test_a_run_without_validation_has_no_best_checkpoint_and_no_warning_about_val_ppl(tiny_config, tmp_path, recwarn):
+    from lmtrain.training.run import train
+
+    run = tmp_path / "run"
+    train(tiny_config("trainer.max_steps=6", "trainer.limit_val_batches=0", "test_after_fit=false", run_dir=run))
+    assert not [w for w in recwarn if "could not find the monitored key" in str(w.message)]
+    assert not list((run / "checkpoints").glob("best-*.ckpt"))
+    assert (run / "checkpoints" / "last.ckpt").is_file()  # the periodic callback still writes it
