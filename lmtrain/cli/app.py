@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from hydra.errors import ConfigCompositionException, OverrideParseException, SearchPathException
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
 from lmtrain.cli.failures import fail
 from lmtrain.config import composer, explain
 from lmtrain.config.callback import ConfigRefused
-from lmtrain.config.explain import one_line
+from lmtrain.config.explain import innermost, one_line
 
 # raised by Hydra before it writes anything: composing the config (MissingConfigException is one), reading the
 # overrides, finding --config-dir
@@ -61,5 +62,5 @@ def refusal(exc: BaseException) -> str:
             message = explain(exc, overrides, compose)
         except Exception:  # the hint needs a composition that fails too: Hydra's own message, in one line
             message = one_line(exc)
-    unknown_key = isinstance(exc.__cause__, (KeyError, AttributeError))  # OmegaConf's errors of a missing key
+    unknown_key = isinstance(innermost(exc), (ConfigKeyError, ConfigAttributeError))  # a key the config lacks
     return message + (SWEEP_HINT if args.multirun and unknown_key else "")

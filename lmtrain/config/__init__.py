@@ -4,7 +4,7 @@ before it writes anything (``callback.py``), and Hydra's own errors in one line 
 
 from lmtrain.config.explain import explain
 from lmtrain.config.store import CONF_DIR, GROUPS, choices, compose_config, composer
-from lmtrain.config.validate import ConfigError, check_config, config_problems
+from lmtrain.config.validate import ConfigError, check_config
 
 __all__ = [
     "CONF_DIR",
@@ -14,6 +14,5 @@ __all__ = [
     "choices",
     "compose_config",
     "composer",
-    "config_problems",
     "explain",
 ]

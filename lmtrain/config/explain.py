@@ -54,10 +54,10 @@ def package_line_hint(message: str) -> str:
 def missing_key(full_key: str, node: DictConfig, culprit: list[str]) -> str:
     """A key that ``node`` (its parent in the config Hydra composed) lacks: the keys beside it, or how to add an
     argument of the class the node builds that the config leaves out."""
-    leaf = full_key.rpartition(".")[2]
+    parent, _, leaf = full_key.rpartition(".")
     known = [str(k) for k in node if not str(k).startswith("_")]
     schema = OmegaConf.get_type(node)
-    owner, extra = schema.extra_keys(node) if hasattr(schema, "extra_keys") else (full_key.rpartition(".")[0], [])
+    owner, extra = schema.extra_keys(node) if hasattr(schema, "extra_keys") else (parent, [])
     if leaf in extra and culprit:
         return f"{full_key} is an argument of {owner} that the config does not set: add it with +{culprit[0]}"
     return unknown_key(full_key, sorted({*known, *extra}), owner, known)

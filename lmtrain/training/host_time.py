@@ -12,10 +12,8 @@ import contextlib
 from datetime import timedelta
 from typing import Any
 
-import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.profilers import Profiler
-from torch import Tensor
 
 _NO_PROFILE = contextlib.nullcontext()  # reusable, stateless: entered once per Lightning hook call
 
@@ -66,15 +64,6 @@ class RunCheckpoint(ModelCheckpoint):
     @property
     def state_key(self) -> str:
         return self._state_key
-
-    def _save_topk_checkpoint(self, trainer: pl.Trainer, monitor_candidates: dict[str, Tensor]) -> None:
-        """Lightning's, without its warning that the monitored key was never logged when no validation has run
-        (``trainer.limit_val_batches=0``, or a stop before the first one): there is no best checkpoint to write
-        then, which is what Lightning does too after warning."""
-        missing = self.monitor is not None and self.monitor not in monitor_candidates
-        if missing and not trainer.fit_loop.epoch_loop.val_loop._has_run:
-            return
-        super()._save_topk_checkpoint(trainer, monitor_candidates)
 
 
 class FastAttributes:

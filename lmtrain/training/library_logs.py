@@ -14,6 +14,8 @@
   refuses a folder with checkpoints unless resuming).
 - "The dirpath has changed from ...": a checkpoint resumed into a new run folder; lmtrain's own line says which
   folder the run goes on in and how to continue in the old one instead.
+- "ModelCheckpoint(monitor='val/ppl') could not find the monitored key" in a run without validation: there is no
+  best checkpoint to write then (Lightning writes none either), and its hint to log val/ppl does not apply.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ WARNINGS = (
     (r"torch\.distributed\.nn\.functional\.all_gather is deprecated", FutureWarning),  # Lightning's all_gather
     (r"Checkpoint directory .* exists and is not empty", UserWarning),
     (r"The dirpath has changed from", UserWarning),  # a resume into a new folder: lmtrain says so in its own line
+    # a run without validation has no val/ppl: the best checkpoint is not written (Lightning raises once one ran)
+    (r"`ModelCheckpoint\(monitor='val/ppl'\)` could not find the monitored key", UserWarning),
     # under DDP: the evaluation sums are reduced across ranks by lmtrain before they are logged
     (r"It is recommended to use `self\.log\('((val|test)/(loss|ppl)|epoch|step)', \.\.\., sync_dist", UserWarning),
 )

@@ -30,7 +30,6 @@ class MeteredModule(FastAttributes, L.LightningModule):
         "_run_from",
         "_segment",
         "train_seconds",
-        "_batches_done",
         "_saved_at",
     }
 
