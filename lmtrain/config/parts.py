@@ -59,7 +59,7 @@ class RunConfig:
 
 @dataclass
 class DataConfig(BatchOptions):
-    """What every corpus takes (``lmtrain.data.options.BatchOptions``) and its name; ``data/`` holds presets."""
+    """What every corpus takes (``lmtrain.data.options.BatchOptions``) and its name; ``data/`` names the corpora."""
 
     _target_: str = "lmtrain.data.TextDataModule"
     name: str = "???"

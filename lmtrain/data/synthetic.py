@@ -108,7 +108,7 @@ class GeneratedSplits:
     train_tokens: int = 200_000
     valid_tokens: int = 20_000
     test_tokens: int = 20_000
-    seed: int = 0
+    seed: int = 0  # the source and the three streams; independent of the training seed
 
 
 @dataclass
@@ -116,8 +116,8 @@ class SyntheticOptions(GeneratedSplits):
     """``data=synthetic``: the Zipf-Markov source over ``vocab_size`` tokens (``zipf_s``, ``mix``) and its splits."""
 
     vocab_size: int = 100
-    zipf_s: float = 1.0
-    mix: float = 0.3
+    zipf_s: float = 1.0  # Zipf exponent of every next-token distribution
+    mix: float = 0.3  # weight of the global Zipf (shared by all contexts) in each next-token distribution
 
 
 def generated_corpus(name: str, source: Any, splits: GeneratedSplits) -> Corpus:

@@ -179,9 +179,9 @@ class ZipfTopicOptions(GeneratedSplits):
     valid_tokens: int = 100_000
     test_tokens: int = 100_000
     vocab_size: int = 100_000
-    zipf_s: float = 1.0
-    topic_size: float = 10.0
-    mix: float = 0.1
+    zipf_s: float = 1.0  # Zipf exponent of the marginal: rank r (from 1) has probability ∝ r^-zipf_s
+    topic_size: float = 10.0  # about this many types per topic: vocab_size / topic_size topics
+    mix: float = 0.1  # weight of the global Zipf in every next-token distribution (also where the past is forgotten)
 
 
 def zipf_topic_corpus(options: ZipfTopicOptions) -> Corpus:
