@@ -19,15 +19,20 @@ from lmtrain.output.options import BIAS_INIT, AdaptiveOptions, FullOptions, HSMO
 from lmtrain.output.sampled.options import BiasOptions, CosineOptions, NCEOptions, SoftmaxOptions
 from lmtrain.sampler.options import BigramOptions, QuadraticOptions, RFFOptions, UnigramOptions
 
-MODEL_INIT_RANGE = {"above": 0}  # the output's init_range follows the model's (model.init_range)
+
+@dataclass
+class ModelInitRange:
+    """An output's ``init_range`` follows the model's (``model.init_range``). A schema lists it before its options
+    (``class FullConfig(ModelInitRange, FullOptions)``), so it sets the default and the key keeps its place."""
+
+    init_range: float = field(default=II("model.init_range"), metadata={"above": 0})
 
 
 @dataclass
-class FullConfig(FullOptions):
+class FullConfig(ModelInitRange, FullOptions):
     """``output=full``: the full softmax."""
 
     _target_: str = "lmtrain.output.FullSoftmax"
-    init_range: float = field(default=II("model.init_range"), metadata=MODEL_INIT_RANGE)
 
 
 @dataclass
@@ -38,62 +43,56 @@ class AdaptiveConfig(AdaptiveOptions):
 
 
 @dataclass
-class HSMConfig(HSMOptions):
+class HSMConfig(ModelInitRange, HSMOptions):
     """``output=hsm``: the hierarchical softmax."""
 
     _target_: str = "lmtrain.output.HierarchicalSoftmax"
-    init_range: float = field(default=II("model.init_range"), metadata=MODEL_INIT_RANGE)
 
 
 @dataclass
-class SampledConfig(SoftmaxOptions):
+class SampledConfig(ModelInitRange, SoftmaxOptions):
     """``output=sampled|uniform|unigram|bigram|exp``: the sampled softmax with any proposal (``sampler=...``);
     m negatives per position (N x m), which trains far better than one set per batch (docs/strategies.md)."""
 
     _target_: str = "lmtrain.output.SampledSoftmax"
     shared_negatives: bool | None = False
-    init_range: float = field(default=II("model.init_range"), metadata=MODEL_INIT_RANGE)
 
 
 @dataclass
-class AbsoluteConfig(SoftmaxOptions):
+class AbsoluteConfig(ModelInitRange, SoftmaxOptions):
     """``output=quadratic``: the absolute softmax p ∝ exp(|o|) trained as sampled softmax (with the quadratic-kernel
     proposal); exact evaluation normalizes exp(|o|) over all classes."""
 
     _target_: str = "lmtrain.output.AbsoluteSampledSoftmax"
     shared_negatives: bool | None = False
-    init_range: float = field(default=II("model.init_range"), metadata=MODEL_INIT_RANGE)
 
 
 @dataclass
-class CosineConfig(CosineOptions):
+class CosineConfig(ModelInitRange, CosineOptions):
     """``output=rff``: the softmax over tau * cos(h, w) (normalized embeddings, no bias) trained as sampled softmax
     (with the random-Fourier-feature proposal); exact evaluation is the full softmax over tau * cos."""
 
     _target_: str = "lmtrain.output.CosineSampledSoftmax"
     shared_negatives: bool | None = False
-    init_range: float = field(default=II("model.init_range"), metadata=MODEL_INIT_RANGE)
 
 
 @dataclass
-class NCEConfig(NCEOptions):
+class NCEConfig(ModelInitRange, NCEOptions):
     """``output=nce``: noise-contrastive estimation, self-normalized (ln Z = 0, or learned); exact full-softmax
     evaluation. Its biases start at the log training unigram, a normalized start (Labeau & Allauzen 2018)."""
 
     _target_: str = "lmtrain.output.NCE"
     shared_negatives: bool | None = False
-    init_range: float = field(default=II("model.init_range"), metadata=MODEL_INIT_RANGE)
     bias_init: str = field(default="log_unigram", metadata=BIAS_INIT)
 
 
 @dataclass
-class NegativeConfig(BiasOptions):
+class NegativeConfig(ModelInitRange, BiasOptions):
     """``output=negative``: negative sampling (word2vec), one noise set per batch; exact full-softmax evaluation of
     the same scores. Its biases start at the log training unigram, a normalized start (Labeau & Allauzen 2018)."""
 
     _target_: str = "lmtrain.output.NegativeSampling"
     shared_negatives: bool | None = True
-    init_range: float = field(default=II("model.init_range"), metadata=MODEL_INIT_RANGE)
     bias_init: str = field(default="log_unigram", metadata=BIAS_INIT)
 
 
