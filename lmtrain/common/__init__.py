@@ -1,2 +1,2 @@
-"""What every layer may use: the execution switch (CPU or GPU code paths) and the float32 regions of mixed
-precision."""
+"""What every layer may use: the execution switch (CPU or GPU code paths), the float32 regions of mixed
+precision and the range metadata the options share."""

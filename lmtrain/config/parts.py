@@ -13,10 +13,9 @@ from omegaconf import II
 
 from lmtrain.common.execution import Execution
 from lmtrain.common.optim_options import OptimOptions, torch_optimizer
+from lmtrain.common.ranges import AT_LEAST_1
 from lmtrain.data.options import BatchOptions, SyntheticDataOptions, TextOptions, ZipfDataOptions
 from lmtrain.model.lstm import LSTMOptions
-
-AT_LEAST_1 = {"at_least": 1}
 
 
 @dataclass

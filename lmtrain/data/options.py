@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from lmtrain.common.ranges import AT_LEAST_1
 from lmtrain.data.synthetic import SyntheticOptions
 from lmtrain.data.zipf_topics import ZipfTopicOptions
-
-AT_LEAST_1 = {"at_least": 1}
 
 
 @dataclass

@@ -7,8 +7,9 @@ from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
+from lmtrain.common.ranges import AT_LEAST_1
+
 State = tuple[Tensor, Tensor]  # (h, c), each (num_layers, B, hidden_dim)
-AT_LEAST_1 = {"at_least": 1}
 
 
 @dataclass

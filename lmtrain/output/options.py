@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from lmtrain.common.ranges import AT_LEAST_1
+
 BIAS_INIT = {"choices": ("zero", "log_unigram")}  # zero | log_unigram (biases start at the log training unigram)
 
 
@@ -20,7 +22,7 @@ class FullOptions:
     """
 
     init_range: float = field(default=0.1, metadata={"above": 0})  # uniform(-init_range, init_range) weights
-    eval_chunk: int = field(default=65536, metadata={"at_least": 1})  # classes per chunk of exact evaluation
+    eval_chunk: int = field(default=65536, metadata=AT_LEAST_1)  # classes per chunk of exact evaluation
     train_chunk: int | None = field(default=None, metadata={"at_least": 0})
     logits_mib: float = field(default=128.0, metadata={"above": 0})
     bias_init: str = field(default="zero", metadata=BIAS_INIT)
@@ -48,6 +50,6 @@ class HSMOptions:
 
     # huffman | balanced (binary trees) | two_level (softmax over ~sqrt(n) frequency bins, then within the bin)
     tree: str = field(default="huffman", metadata={"choices": ("huffman", "balanced", "two_level")})
-    num_bins: int | None = field(default=None, metadata={"at_least": 1})  # two_level only; None: round(sqrt(n))
+    num_bins: int | None = field(default=None, metadata=AT_LEAST_1)  # two_level only; None: round(sqrt(n))
     sparse: bool = True  # sparse row gradients: a step reads and updates only the nodes on the target paths
     init_range: float = field(default=0.1, metadata={"above": 0})

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from lmtrain.common.ranges import AT_LEAST_1
+
 
 @dataclass
 class UnigramOptions:
@@ -33,7 +35,7 @@ class BigramOptions:
 class KernelOptions:
     """What every kernel proposal's divide-and-conquer tree takes (refreshed after every optimizer step)."""
 
-    leaf_size: int | None = field(default=None, metadata={"at_least": 1})  # classes per tree bucket; None: auto
+    leaf_size: int | None = field(default=None, metadata=AT_LEAST_1)  # classes per tree bucket; None: auto
     eps: float = field(default=1e-6, metadata={"above": 0})  # clamp on tree node scores (RFF estimates can be < 0)
     # s in [0, 1): round(s m) of each position's m draws come from the training unigram, and every id is corrected
     # with the mixture (1 - s) q_kernel + s u (docs/strategies.md)
@@ -63,7 +65,7 @@ class RFFOptions(KernelOptions):
 
     # 0.25 here, unlike quadratic: why, docs/strategies.md; measured against 0 (the paper's proposal), docs/results.md
     unigram_share: float = field(default=0.25, metadata={"at_least": 0, "below": 1})
-    D: int = field(default=1024, metadata={"at_least": 1})  # random frequencies (rows of Omega)
+    D: int = field(default=1024, metadata=AT_LEAST_1)  # random frequencies (rows of Omega)
     nu: float = field(default=4.0, metadata={"above": 0})  # kernel sharpness 1 / T^2, the paper's best T = 0.5
     temperature: float | None = field(default=None, metadata={"above": 0})  # T; when set it replaces nu
     seed: int = 0  # Omega is drawn once from this seed and saved in checkpoints (the config: the run's seed)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from lmtrain.common.ranges import AT_LEAST_1
 from lmtrain.output.options import BIAS_INIT
 
 
@@ -23,13 +24,13 @@ class SampledOptions:
     ``eval_chunk`` classes per chunk of the exact normalization.
     """
 
-    num_samples: int = field(default=100, metadata={"at_least": 1})
+    num_samples: int = field(default=100, metadata=AT_LEAST_1)
     # true: one set of m for the whole batch (kernel samplers: from the mixture of the batch's proposals, by one
     # tree walk, every position corrected with it); false: m per position (N x m); None: the sampler's own mode
     shared_negatives: bool | None = None
     sparse: bool = True  # sparse row gradients: only the touched rows (and tree buckets) are read and updated
     init_range: float = field(default=0.1, metadata={"above": 0})
-    eval_chunk: int = field(default=65536, metadata={"at_least": 1})
+    eval_chunk: int = field(default=65536, metadata=AT_LEAST_1)
 
 
 @dataclass
