@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from lmtrain.common.precision import in_float32
 from lmtrain.output.base import OutputLayer
-from lmtrain.output.chunked_softmax import chunked_softmax_nll
+from lmtrain.output.chunked_softmax import chunked_softmax_nll, fitting_chunk
 from lmtrain.output.options import AdaptiveOptions
 
 HEAD_CAP, TAIL_FRACTION, MAX_CLUSTERS = 2000, 0.6, 3
@@ -116,10 +116,10 @@ class AdaptiveSoftmax(OutputLayer):
         """(N,) log p(local | cluster) of one tail cluster at every position: dense, or chunked when large."""
         projected = tail[0](hidden)  # (N, d / div_value^k)
         words = tail[1].weight  # (cluster size, d / div_value^k)
-        chunk = max(int(self.logits_mib * 2**20) // (4 * max(hidden.shape[0], 1)), 1)  # classes whose logits fit
+        chunk = fitting_chunk(self.logits_mib, hidden.shape[0])
         if chunk >= words.shape[0]:
             return torch.log_softmax(tail[1](projected), dim=1).gather(1, local[:, None])[:, 0]
-        return -chunked_softmax_nll(projected, words, words.new_zeros(words.shape[0]), local, chunk)
+        return -chunked_softmax_nll(projected, words, None, local, chunk)  # torch's tail layers have no biases
 
     def log_probs_all(self, hidden: Tensor) -> Tensor:
         return self.asm.log_prob(hidden)

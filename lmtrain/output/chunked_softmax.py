@@ -30,7 +30,7 @@ def product_dtype(hidden: Tensor) -> torch.dtype:
 class _ChunkedSoftmaxNLL(torch.autograd.Function):
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx, hidden: Tensor, weight: Tensor, bias: Tensor, target: Tensor, chunk: int
+        ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor, chunk: int
     ) -> Tensor:
         dtype = product_dtype(hidden)
         acc = torch.promote_types(dtype, torch.float32)  # log-sum-exp and gradients: at least float32
@@ -41,7 +41,7 @@ class _ChunkedSoftmaxNLL(torch.autograd.Function):
             target_logit = hidden.new_zeros(hidden.shape[0], dtype=acc)  # (N,)
             for start in range(0, num_classes, chunk):
                 end = min(start + chunk, num_classes)
-                logits = F.linear(h, weight[start:end].to(dtype), bias[start:end].to(dtype)).to(acc)  # (N, c)
+                logits = F.linear(h, weight[start:end].to(dtype), chunk_bias(bias, start, end, dtype)).to(acc)  # (N, c)
                 log_z = torch.logaddexp(log_z, torch.logsumexp(logits, dim=1))
                 local, inside = local_targets(target, start, end)
                 picked = logits.gather(1, local[:, None])[:, 0]  # (N,)
@@ -60,13 +60,13 @@ class _ChunkedSoftmaxNLL(torch.autograd.Function):
         grad_nll = grad_nll.to(acc)
         grad_hidden = torch.zeros_like(hidden, dtype=acc) if need_hidden else None  # (N, d)
         grad_weight = torch.empty_like(weight) if need_weight else None  # (n, d)
-        grad_bias = torch.empty_like(bias) if need_bias else None  # (n,)
+        grad_bias = torch.empty_like(bias) if need_bias else None  # (n,); never for a missing bias
         with float32_region():
             h = hidden.to(dtype)
             for start in range(0, num_classes, ctx.chunk):
                 end = min(start + ctx.chunk, num_classes)
                 w = weight[start:end].to(dtype)  # (c, d)
-                logits = F.linear(h, w, bias[start:end].to(dtype)).to(acc)  # (N, c)
+                logits = F.linear(h, w, chunk_bias(bias, start, end, dtype)).to(acc)  # (N, c)
                 # d nll / d logits = (softmax - onehot) * grad, built in place in the logits' buffer
                 grad_logits = logits.sub_(log_z[:, None]).exp_().mul_(grad_nll[:, None])  # (N, c)
                 local, inside = local_targets(target, start, end)
@@ -82,6 +82,17 @@ class _ChunkedSoftmaxNLL(torch.autograd.Function):
         return grad_hidden, grad_weight, grad_bias, None, None
 
 
+def chunk_bias(bias: Tensor | None, start: int, end: int, dtype: torch.dtype) -> Tensor | None:
+    """The biases of the chunk [start, end) in the product's dtype, or None for classes without biases."""
+    return None if bias is None else bias[start:end].to(dtype)
+
+
+def fitting_chunk(logits_mib: float, num_positions: int) -> int:
+    """The most classes (at least 1) whose float32 logits at ``num_positions`` rows take at most ``logits_mib`` MiB:
+    the chunk of the training loss, which is dense when it reaches the vocabulary size."""
+    return max(int(logits_mib * 2**20) // (4 * max(num_positions, 1)), 1)
+
+
 def local_targets(target: Tensor, start: int, end: int) -> tuple[Tensor, Tensor]:
     """Targets as column indices of the chunk [start, end) (clamped into it) and whether each lies in it: (N,), (N,).
     Fixed shapes and no host sync, so the loop costs the same launches for any batch."""
@@ -89,8 +100,9 @@ def local_targets(target: Tensor, start: int, end: int) -> tuple[Tensor, Tensor]
     return (target - start).clamp_(0, end - start - 1), inside
 
 
-def chunked_softmax_nll(hidden: Tensor, weight: Tensor, bias: Tensor, target: Tensor, chunk: int) -> Tensor:
-    """(N, d), (n, d), (n,), (N,) -> (N,) exact -log softmax(hidden W^T + b)[target], vocabulary chunks of ``chunk``."""
+def chunked_softmax_nll(hidden: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor, chunk: int) -> Tensor:
+    """(N, d), (n, d), (n,) or None, (N,) -> (N,) exact -log softmax(hidden W^T + b)[target], vocabulary chunks of
+    ``chunk``; ``bias=None``: classes without biases (b = 0)."""
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     return _ChunkedSoftmaxNLL.apply(hidden, weight, bias, target, chunk)

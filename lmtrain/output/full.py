@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmtrain.output.base import OutputLayer, initial_bias
-from lmtrain.output.chunked_softmax import chunked_softmax_nll
+from lmtrain.output.chunked_softmax import chunked_softmax_nll, fitting_chunk
 from lmtrain.output.logsumexp import chunked_logsumexp
 from lmtrain.output.options import FullOptions
 
@@ -52,8 +52,7 @@ class FullSoftmax(OutputLayer):
         """Classes per vocabulary chunk of the training loss for ``num_positions`` rows; >= n means dense."""
         if self.train_chunk is not None:
             return self.train_chunk or self.num_classes
-        fits = int(self.logits_mib * 2**20) // (4 * max(num_positions, 1))  # classes whose float32 logits fit
-        return max(fits, 1)
+        return fitting_chunk(self.logits_mib, num_positions)
 
     def log_prob(self, hidden: Tensor, target: Tensor) -> Tensor:
         target_logit = (hidden * self.weight[target]).sum(1) + self.bias[target]  # (N,)
