@@ -62,9 +62,14 @@ def joint_softmax_nll(scores: Tensor, offsets: Tensor) -> Tensor:
     return torch.logsumexp(logits, dim=1) - scores[:, 0]
 
 
-def noise_contrast_logits(score: Tensor, log_q: Tensor, num_samples: int, log_z: Tensor) -> Tensor:
-    """NCE's logit of "data, not noise": Δ = s - ln q - (ln k + ln Z)."""
-    return score - log_q - (math.log(num_samples) + log_z)
+def noise_offset(num_samples: int, log_z: Tensor | None) -> Tensor | float:
+    """ln k + ln Z, what NCE subtracts from every logit; a float when ln Z is 0 (``log_z`` None: self-normalized)."""
+    return math.log(num_samples) if log_z is None else log_z + math.log(num_samples)
+
+
+def noise_contrast_logits(score: Tensor, log_q: Tensor, offset: Tensor | float) -> Tensor:
+    """NCE's logit of "data, not noise": Δ = s - ln q - (ln k + ln Z), ``offset`` = ln k + ln Z (``noise_offset``)."""
+    return score - log_q - offset
 
 
 def logistic_loss(target_logit: Tensor, noise_logit: Tensor) -> Tensor:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any, ClassVar
 
 import torch
@@ -14,6 +13,7 @@ from lmtrain.output.sampled.estimators import (
     logistic_loss,
     logistic_nll,
     noise_contrast_logits,
+    noise_offset,
 )
 from lmtrain.output.sampled.options import NCEOptions
 from lmtrain.sampler.base import Sampler
@@ -37,29 +37,25 @@ class NCE(SampledOutput):
         super().__init__(num_classes, dim, sampler, counts, **options)
         self.log_z = nn.Parameter(torch.zeros(())) if self.options.learn_log_z else None
 
-    def log_z_value(self) -> Tensor:
-        """The ln Z subtracted in training: the learned scalar, or 0."""
-        return self.log_z if self.log_z is not None else self.weight.new_zeros(())
-
     def loss(self, hidden: Tensor, target: Tensor, inputs: Tensor | None = None) -> Tensor:
         d = self.scored_draw(hidden, target, inputs)
         log_q_target = self.target_log_q(d.query, target, inputs, d.proposal)  # (N, 1)
         if self.gpu_paths:
             return self.fixed_loss(d, log_q_target)
-        m, log_z = self.options.num_samples, self.log_z_value()
-        target_logit = noise_contrast_logits(d.target_score, log_q_target, m, log_z)  # Δ_t (N, 1)
-        noise_logit = noise_contrast_logits(d.noise_score, d.log_q, m, log_z)  # Δ_{s_j} (N, m)
+        offset = noise_offset(self.options.num_samples, self.log_z)  # ln k + ln Z
+        target_logit = noise_contrast_logits(d.target_score, log_q_target, offset)  # Δ_t (N, 1)
+        noise_logit = noise_contrast_logits(d.noise_score, d.log_q, offset)  # Δ_{s_j} (N, m)
         return logistic_loss(target_logit, noise_logit).mean()
 
     def fixed_loss(self, d: Draw, log_q_target: Tensor) -> Tensor:
         """The GPU paths' loss: the same logits and logistic loss in fewer operators (one (N, 1 + m) tensor of logits
         where the scores came from one product), equal up to float rounding."""
-        offset = math.log(self.options.num_samples)
-        offset = offset if self.log_z is None else self.log_z + offset  # ln k + ln Z
+        offset = noise_offset(self.options.num_samples, self.log_z)  # ln k + ln Z
         if d.scores is not None:
-            logits = d.scores - torch.cat([log_q_target, d.log_q], dim=1) - offset  # (N, 1 + m): Δ_t, Δ_{s_j}
-            return joint_logistic_nll(logits).mean()
-        return logistic_nll(d.target_score - log_q_target - offset, d.noise_score - d.log_q - offset).mean()
+            log_q = torch.cat([log_q_target, d.log_q], dim=1)  # (N, 1 + m)
+            return joint_logistic_nll(noise_contrast_logits(d.scores, log_q, offset)).mean()  # Δ_t, Δ_{s_j} joint
+        target_logit = noise_contrast_logits(d.target_score, log_q_target, offset)  # Δ_t (N, 1)
+        return logistic_nll(target_logit, noise_contrast_logits(d.noise_score, d.log_q, offset)).mean()
 
     def extra_metrics(self, hidden: Tensor) -> dict[str, Tensor]:
         metrics = {"log_z": self.log_normalizer(hidden).mean()}
