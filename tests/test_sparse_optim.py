@@ -179,6 +179,9 @@ def test_sparse_lr_sets_the_output_rows_learning_rate():
     [
         ("sgd", {"weight_decay": 1e-4}, "weight_decay=0.0001 would update every row of the sparse-gradient weights"),
         ("sgd", {"momentum": 0.9}, "momentum=0.9 would update every row of the sparse-gradient weights"),
+        # built without a config (scripts, tests): the schema's choices are still the check, not a silent adam
+        ("rmsprop", {}, r"^optim\.name must be one of 'sgd', 'adagrad', 'adam', got 'rmsprop'$"),
+        ("adam", {"sparse_optimizer": "lamb"}, r"^optim\.sparse_optimizer must be one of 'sparse_adam', 'adagrad', "),
     ],
 )
 def test_bad_optimizer_options_raise_value_error(name, kwargs, message):

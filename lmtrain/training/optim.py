@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from lmtrain.common.optim_options import OptimOptions
+from lmtrain.common.ranges import require_choice
 
 _NO_SPARSE_KEYS = ("weight_decay", "momentum")  # options that would touch every output row each step
 
@@ -78,6 +79,8 @@ def build_optimizer(
     """
     dense, sparse = list(dense), list(sparse)
     sparse_optimizer = str(kwargs.pop("sparse_optimizer", OptimOptions.sparse_optimizer))  # the schema's default
+    require_choice(OptimOptions, "name", name, "optim.name")
+    require_choice(OptimOptions, "sparse_optimizer", sparse_optimizer, "optim.sparse_optimizer")
     sparse_lr = float(kwargs.pop("sparse_lr", None) or lr)
     if sparse:
         for key in _NO_SPARSE_KEYS:
@@ -94,7 +97,7 @@ def build_optimizer(
         return torch.optim.SGD(groups, lr=lr, **kwargs)
     if name == "adagrad":
         return torch.optim.Adagrad(groups, lr=lr, **kwargs)
-    # adam: the schema's choices (OptimOptions.name, checked with the config) leave no other name
+    # adam: the schema's choices (OptimOptions.name, checked above) leave no other name
     if not sparse:
         return torch.optim.Adam(dense, lr=lr, **kwargs)
     children: list[torch.optim.Optimizer] = [torch.optim.Adam(dense, lr=lr, **kwargs)] if dense else []

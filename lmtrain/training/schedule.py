@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from lmtrain.common.optim_options import ScheduleOptions
+from lmtrain.common.ranges import require_choice
 
 
 @dataclass
@@ -26,6 +27,7 @@ def build_scheduler(optimizer: torch.optim.Optimizer, schedule: dict[str, Any]) 
     ``ScheduleOptions`` default."""
     options = ScheduleOptions(**schedule)
     kind = options.kind
+    require_choice(ScheduleOptions, "kind", kind, "optim.schedule.kind")
     if kind == "step":
         rule = StepDecay(int(options.start), float(options.decay))
         return {"scheduler": torch.optim.lr_scheduler.LambdaLR(optimizer, rule), "interval": "epoch"}
@@ -34,4 +36,4 @@ def build_scheduler(optimizer: torch.optim.Optimizer, schedule: dict[str, Any]) 
             optimizer, mode="min", factor=float(options.decay), patience=int(options.patience)
         )
         return {"scheduler": plateau, "monitor": "val/ppl", "interval": "epoch"}
-    return None  # none: the schema's choices (ScheduleOptions.kind, checked with the config) leave no other kind
+    return None  # none: the schema's choices (ScheduleOptions.kind, checked above) leave no other kind
