@@ -88,7 +88,12 @@ def test_log_q_is_a_distribution_and_draws_follow_it(kind, path):
 
     torch.manual_seed(2)
     draws = 30_000
-    ids, log_q = tree.sample(query, draws)
+    if path.startswith("gpu"):  # the draws walked together with known ids (a step's targets), which keep log q
+        known = every[:, ::4]  # (3, 10), every bucket's classes among them
+        ids, log_q, log_known = tree.fixed.sample(query, tree.features(query), draws, None, known)
+        torch.testing.assert_close(log_known, tree.log_q(query, known), rtol=1e-6, atol=1e-5)
+    else:
+        ids, log_q = tree.sample(query, draws)
     assert ids.shape == log_q.shape == (3, draws) and ids.min() >= 0 and ids.max() < n
     torch.testing.assert_close(log_q, tree.log_q(query, ids), rtol=0, atol=1e-5)  # log q of what was drawn
     for row in range(3):

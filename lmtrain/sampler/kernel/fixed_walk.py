@@ -72,24 +72,32 @@ class FixedWalk:
         table = self.ancestors(level, phi.device)  # (2^t, t)
         return branch.flatten(1).index_select(1, table.flatten()).view(phi.shape[0], -1, level).sum(2)  # (N, 2^t)
 
-    def descend(self, phi: Tensor, k: int, top: Tensor) -> tuple[Tensor, Tensor]:
-        """k walkers per query phi (N, F) (walker w belongs to query w // k), starting from ``top`` (N, 2^t), the
-        reach of level t: the buckets reached (W,) and each path's log-probability (W,)."""
+    def descend(self, phi: Tensor, k: int, top: Tensor, known: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """k walkers per query phi (N, F), starting from ``top`` (N, 2^t), the reach of level t, and ``known``
+        buckets (N, j) walked down their own paths (their turns given, not drawn), so that their path probabilities
+        come from the same scores as the draws': walker w belongs to query w // (k + j), the known ones last. The
+        buckets reached (W,) and each path's log-probability (W,), W = N (k + j)."""
         n_query, feats = phi.shape
         store, level = self.store, self.top
+        steps = store.depth - level
         cdf = top.exp().cumsum(1)  # (N, 2^t)
         below = cdf[:, -1:] * (1 - 2.0**-23)  # (N, 1) strictly below the total: a draw never passes the last node
         target = torch.rand(n_query, k, device=phi.device) * below  # (N, k) uniform in [0, total)
         start = torch.searchsorted(cdf, target, right=True)  # (N, k): first node whose cdf exceeds the target
+        uniform = torch.rand(steps, n_query, k, device=phi.device) if steps else None  # (steps, N, k)
+        if known is not None:  # u = 1 turns right ((u - 1) s_L + u s_R = s_R >= 0), u = 0 left (-s_L < 0: s_L >= eps)
+            bits = known.unsqueeze(0) >> self.shifts(steps, phi.device).view(-1, 1, 1)  # (steps + 1, N, j) ancestors
+            start = torch.cat([start, bits[0]], 1)  # (N, k + j): the known buckets' level-t ancestors
+            if steps:
+                uniform = torch.cat([uniform, (bits[1:] & 1).to(uniform.dtype)], 2)  # (steps, N, k + j)
+            k += known.shape[1]
         log_path = top.gather(1, start).view(-1)  # (W,)
         pos = start.view(-1) + ((1 << level) - 1)  # (W,) heap index of each walker's node
-        steps = store.depth - level
         if steps == 0:
             return pos - (store.num_buckets - 1), log_path
         pairs = store.nodes[1:].view(-1, 2 * feats)  # row i: both children of heap node i
         floor = store.floor[1:].view(-1, 2)
-        uniform = torch.rand(steps, n_query * k, 1, device=phi.device)
-        split = torch.cat([uniform - 1, uniform], 2)  # (steps, W, 2): right iff (u - 1) s_L + u s_R >= 0
+        split = torch.stack([uniform - 1, uniform], 3).view(steps, -1, 2)  # (steps, W, 2): right iff split . s >= 0
         qrow = torch.arange(n_query, device=phi.device).repeat_interleave(k)  # (W,) walker -> query
         scores, turns = [], []
         for step in range(steps):  # WALKED_LEVELS steps at most, whatever n

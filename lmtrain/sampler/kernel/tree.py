@@ -69,7 +69,11 @@ class KernelTree(DeviceAware, nn.Module):
         """On the GPU paths, what a step's draws and log q share (``FixedStep``): for the queries (N, d) their
         kernel form, features and reach of the top levels, or for features ``phi`` (1, F) (a mixture's psi) the
         reach; None on a CPU."""
-        return self.fixed.step_of(self.features, query, phi) if self.gpu_paths else None
+        if not self.gpu_paths:
+            return None
+        if query is not None:
+            self._check(query)
+        return self.fixed.step_of(self.features, query, phi)
 
     # --- the store: building and the shape of the tree --------------------------------------------
     def rebuild(self, weight: Tensor) -> None:
@@ -123,7 +127,7 @@ class KernelTree(DeviceAware, nn.Module):
         """query (N, d) -> ids (N, m) drawn per example, and their exact log q (N, m)."""
         self._check(query)
         if self.gpu_paths:
-            return self.fixed.sample(query, self.features(query) if phi is None else phi, num_samples, fixed)
+            return self.fixed.sample(query, self.features(query) if phi is None else phi, num_samples, fixed)[:2]
         n_query = query.shape[0]
         uniform = torch.rand(self.depth, n_query * num_samples, device=query.device)
         phi = self.features(query) if phi is None else phi
@@ -215,7 +219,7 @@ class KernelTree(DeviceAware, nn.Module):
     ) -> tuple[Tensor, Tensor]:
         """``num_samples`` ids (m,) drawn with psi's walk (see ``mixture``) and their exact log q-bar (m,)."""
         if self.gpu_paths:
-            return self.fixed.sample_mixture(psi, num_samples, fixed)
+            return self.fixed.sample_mixture(psi, num_samples, fixed)[:2]
         uniform = torch.rand(self.depth, num_samples, device=psi.device)
         bucket, log_path = self.walk.descend(psi.unsqueeze(0), num_samples, uniform)  # (m,) each
         ids, log_in = self.walk.pick(*self.scorer.mixture(psi, bucket, scores))  # (m,) each
