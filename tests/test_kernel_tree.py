@@ -21,7 +21,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 # dense_factor 0 forces per-walker gathers everywhere, a huge one forces one GEMM per level; "gpu" takes the GPU
 # paths (execution=gpu: FixedWalk with its top levels scored whole, FixedUpdate), with the top of a small tree
-PATHS = {"gather": 0, "dense": 10**9, "auto": 64, "gpu": 0, "gpu_dense": 10**9}
+# scored whole and its last levels walked; "gpu_whole" with the defaults, which score a small tree whole
+PATHS = {"gather": 0, "dense": 10**9, "auto": 64, "gpu": 0, "gpu_dense": 10**9, "gpu_whole": 0}
 GPU_WALKED_LEVELS = 2  # the tests' trees have 3-6 levels: 2 walked, the rest scored whole by top_reach
 
 
@@ -44,7 +45,8 @@ def make_tree(
     tree = KernelTree(make_features(kind), leaf_size=leaf_size, dense_factor=PATHS[path], chunk_elements=chunk, **kw)
     if path.startswith("gpu"):
         tree.use_gpu_paths(True)
-        tree.fixed.walk.walked = GPU_WALKED_LEVELS
+        if path != "gpu_whole":
+            tree.fixed.walk.walked, tree.fixed.walk.scored = GPU_WALKED_LEVELS, 0
     tree.rebuild(weight)
     return tree
 

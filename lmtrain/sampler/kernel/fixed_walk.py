@@ -23,31 +23,44 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lmtrain.sampler.kernel.store import TreeStore
+from lmtrain.sampler.kernel.store import GPU_BLOCK_ELEMENTS, TreeStore
 from lmtrain.sampler.kernel.walk import LEVEL_GATHER_GAIN, TreeWalk
 
-# levels each walker descends by gathers; the levels above are scored for all of their nodes by one product. At
-# n = 10^6 (N = 700 queries, F = 2048, depth 17) four levels make that product N x 2^14 x F (47 GFLOP, a twentieth
-# of the full softmax's step) against 4 x 2 node rows gathered per walker, 100 walkers per query. Chosen by that
-# count, not yet timed on a GPU (scripts/bench_gpu.py).
+# levels each walker descends by gathers at most; the levels above are scored for all of their nodes by one product.
+# At n = 10^6 (N = 700 queries, F = 2048, depth 17) four levels make that product N x 2^14 x F (47 GFLOP, a
+# twentieth of the full softmax's step) against 4 x 2 node rows gathered per walker, 100 walkers per query. Chosen by
+# that count, not yet timed on a GPU (scripts/bench_gpu.py).
 WALKED_LEVELS = 4
+# levels scored whole at least (while the tree has them): a tree of at most 2^11 buckets is not walked at all (one
+# product with its 4,094 nodes below the root, no operators per level). At N = 700 queries and m = 100 walkers each,
+# ``TreeWalk.dense`` prefers one product to per-walker gathers up to a level of 3,128 nodes; 2^11 is the largest
+# level below that
+SCORED_LEVELS = 11
 
 
 class FixedWalk:
     """``TreeWalk``'s descent and path probabilities with a fixed operator count (see the module docstring).
 
-    It reads the store's tensors at every call, like ``TreeWalk``; ``walked`` is the number of levels that
-    walkers descend by gathers (the rest are scored whole by ``top_reach``)."""
+    It reads the store's tensors at every call, like ``TreeWalk``. The top levels are scored whole by
+    ``top_reach``: the first ``scored`` levels at least, and all but the last ``walked`` at least; walkers descend
+    the rest by gathers."""
 
-    def __init__(self, store: TreeStore, rule: TreeWalk, walked: int = WALKED_LEVELS) -> None:
+    def __init__(
+        self, store: TreeStore, rule: TreeWalk, walked: int = WALKED_LEVELS, scored: int = SCORED_LEVELS
+    ) -> None:
         self.store, self.rule = store, rule  # the rule: ``TreeWalk.dense``, one product per level or gathers
-        self.walked = walked
+        self.walked, self.scored = walked, scored
         self._ancestors: dict[tuple[int, torch.device], Tensor] = {}
 
-    @property
-    def top(self) -> int:
-        """t: the level whose nodes ``top_reach`` gives the probability of (0: the root, nothing scored whole)."""
-        return max(0, self.store.depth - self.walked)
+    def top(self, n_query: int) -> int:
+        """t: the level whose nodes ``top_reach`` gives the probability of for ``n_query`` queries (0: the root,
+        nothing scored whole); below ``scored`` where the reach's temporaries (N x 2^t x t) would pass the GPU
+        paths' memory budget."""
+        depth = self.store.depth
+        level = max(0, depth - self.walked, min(depth, self.scored))
+        while level > max(0, depth - self.walked) and n_query * (level << level) > GPU_BLOCK_ELEMENTS:
+            level -= 1
+        return level
 
     def ancestors(self, level: int, device: torch.device) -> Tensor:
         """For every node of ``level`` (2^level of them), the rows of its ancestors at levels 1..level in the
@@ -62,7 +75,7 @@ class FixedWalk:
     def top_reach(self, phi: Tensor) -> Tensor:
         """Log-probability (N, 2^t) that each query's walk reaches each node of level t, from one product of the
         queries phi (N, F) with the nodes of levels 1..t."""
-        level = self.top
+        level = self.top(phi.shape[0])
         if level == 0:
             return phi.new_zeros(phi.shape[0], 1)
         count = (2 << level) - 1  # nodes of levels 0..t
@@ -78,7 +91,7 @@ class FixedWalk:
         come from the same scores as the draws': walker w belongs to query w // (k + j), the known ones last. The
         buckets reached (W,) and each path's log-probability (W,), W = N (k + j)."""
         n_query, feats = phi.shape
-        store, level = self.store, self.top
+        store, level = self.store, top.shape[1].bit_length() - 1  # top: (N, 2^t)
         steps = store.depth - level
         cdf = top.exp().cumsum(1)  # (N, 2^t)
         below = cdf[:, -1:] * (1 - 2.0**-23)  # (N, 1) strictly below the total: a draw never passes the last node
@@ -98,11 +111,12 @@ class FixedWalk:
         pairs = store.nodes[1:].view(-1, 2 * feats)  # row i: both children of heap node i
         floor = store.floor[1:].view(-1, 2)
         split = torch.stack([uniform - 1, uniform], 3).view(steps, -1, 2)  # (steps, W, 2): right iff split . s >= 0
-        qrow = torch.arange(n_query, device=phi.device).repeat_interleave(k)  # (W,) walker -> query
+        qrow = None  # (W,) walker -> query, made for the first level scored whole (``_level_pairs``)
         scores, turns = [], []
         for step in range(steps):  # WALKED_LEVELS steps at most, whatever n
             width = 2 << (level + step)  # nodes on the children's level
             if self.rule.dense(width, n_query, 2 * k, self.rule.dense_factor / LEVEL_GATHER_GAIN):
+                qrow = torch.arange(n_query, device=phi.device).repeat_interleave(k) if qrow is None else qrow
                 s = self._level_pairs(phi, pos, qrow, width)  # (W, 2) from one product with the level
             else:
                 s = self._gathered_pairs(phi, pairs, floor, pos, k)  # (W, 2) from each walker's node
@@ -137,7 +151,7 @@ class FixedWalk:
     def path_log_q(self, phi: Tensor, bucket: Tensor, top: Tensor) -> Tensor:
         """Log-probability (N, k) that query i's walk reaches ``bucket[i, j]`` (N, k), phi (N, F), ``top`` its
         reach of level t (N, 2^t); one query phi (1, F) with ``top`` (1, 2^t) serves buckets of any shape."""
-        store, level = self.store, self.top
+        store, level = self.store, top.shape[1].bit_length() - 1  # top: (N, 2^t)
         steps = store.depth - level
         leaf = bucket + store.num_buckets  # 1-based heap index of each bucket
         if steps == 0:
