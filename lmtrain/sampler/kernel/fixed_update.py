@@ -40,6 +40,8 @@ class FixedUpdate:
         self.store = store
         self.updates = 0
         self._descendants: dict[tuple[int, torch.device, torch.dtype], Tensor] = {}
+        self._leaves: dict[tuple[int, int, int, torch.device], Tensor] = {}  # the last ``leaf_of_every_class``
+        self._buckets: dict[tuple[int, torch.device], Tensor] = {}  # the last ``every_bucket``
 
     def update(self, weight: Tensor, rows: Tensor) -> None:
         """Bring the tree up to ``weight`` (n, d) after the rows ``rows`` (R,) changed (repeats allowed)."""
@@ -51,10 +53,10 @@ class FixedUpdate:
             self._add_cached_deltas(weight, rows)
             self.updates += 1
             if self.updates >= store.refresh:  # refresh 0: every time
-                store.set_leaves(torch.arange(store.num_buckets, device=weight.device))
+                store.set_leaves(self.every_bucket())
                 self.updates = 0
         else:
-            store.set_leaves(torch.arange(store.num_buckets, device=weight.device))
+            store.set_leaves(self.every_bucket())
         self.resum(store.nodes)
 
     def resum(self, heap: Tensor) -> None:
@@ -83,20 +85,39 @@ class FixedUpdate:
                 self._descendants[key] = matrix.to_sparse_csr().to(like.device)
         return self._descendants[key]
 
+    def leaf_of_every_class(self) -> Tensor:
+        """(n,) the heap index of every class's leaf, made once per tree shape and device."""
+        store = self.store
+        key = (store.num_classes, store.bucket_size, store.depth, store.nodes.device)
+        if key not in self._leaves:
+            classes = torch.arange(store.num_classes, device=store.nodes.device)
+            self._leaves = {key: torch.div(classes, store.bucket_size, rounding_mode="floor") + store.num_buckets - 1}
+        return self._leaves[key]
+
+    def every_bucket(self) -> Tensor:
+        """(B,) 0..B - 1, made once per tree shape and device."""
+        store = self.store
+        key = (store.num_buckets, store.nodes.device)
+        if key not in self._buckets:
+            self._buckets = {key: torch.arange(store.num_buckets, device=store.nodes.device)}
+        return self._buckets[key]
+
     def _add_cached_deltas(self, weight: Tensor, rows: Tensor) -> None:
         store, cache = self.store, self.store.cache
         n = store.num_classes
         if rows.numel() >= n:  # every row once, the unchanged ones masked (their cached phi is kept as it is)
             counted = torch.zeros(n, dtype=torch.bool, device=rows.device).index_fill_(0, rows, True)  # (n,)
-            rows = torch.arange(n, device=rows.device)
-        else:  # sorted, repeats masked: only a row's first occurrence adds its delta
-            rows = rows.sort().values  # (R,)
-            counted = torch.ones_like(rows, dtype=torch.bool)
-            counted[1:] = rows[1:] != rows[:-1]
+            new = store.features(weight).to(cache.table.dtype)  # (n, F) as the cache stores it
+            old = cache.table[:n]  # (n, F): what the tree's sums hold
+            new = torch.where(counted.unsqueeze(1), new, old)  # unchanged rows keep their cached features
+            store.nodes.index_add_(0, self.leaf_of_every_class(), new.to(store.nodes.dtype) - old.to(store.nodes.dtype))
+            old.copy_(new)
+            return
+        rows = rows.sort().values  # (R,) sorted, repeats masked: only a row's first occurrence adds its delta
+        counted = torch.ones_like(rows, dtype=torch.bool)
+        counted[1:] = rows[1:] != rows[:-1]
         new = store.features(weight.index_select(0, rows)).to(cache.table.dtype)  # (R, F) as the cache stores it
         old = cache.table.index_select(0, rows)  # (R, F): what the tree's sums hold for these rows
-        if rows.numel() == n:  # unchanged rows keep their cached features (a recomputation may round otherwise)
-            new = torch.where(counted.unsqueeze(1), new, old)
         delta = (new.to(store.nodes.dtype) - old.to(store.nodes.dtype)) * counted.unsqueeze(1)  # (R, F)
         leaf = torch.div(rows, store.bucket_size, rounding_mode="floor") + (store.num_buckets - 1)  # (R,)
         store.nodes.index_add_(0, leaf, delta)

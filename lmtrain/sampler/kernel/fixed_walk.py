@@ -81,7 +81,7 @@ class FixedWalk:
         count = (2 << level) - 1  # nodes of levels 0..t
         nodes = self.store.nodes[1:count]  # (2^(t+1) - 2, F): every node below the root, down to level t
         s = torch.maximum(phi @ nodes.T, self.store.floor[1:count]).view(phi.shape[0], -1, 2)  # (N, pairs, 2)
-        branch = (s.log() - s.sum(2, keepdim=True).log()).nan_to_num(nan=float("-inf"))  # empty pairs: 0 / 0
+        branch = (s / s.sum(2, keepdim=True)).log().nan_to_num(nan=float("-inf"))  # empty pairs: 0 / 0
         table = self.ancestors(level, phi.device)  # (2^t, t)
         return branch.flatten(1).index_select(1, table.flatten()).view(phi.shape[0], -1, level).sum(2)  # (N, 2^t)
 
@@ -90,63 +90,76 @@ class FixedWalk:
         buckets (N, j) walked down their own paths (their turns given, not drawn), so that their path probabilities
         come from the same scores as the draws': walker w belongs to query w // (k + j), the known ones last. The
         buckets reached (W,) and each path's log-probability (W,), W = N (k + j)."""
-        n_query, feats = phi.shape
+        n_query = phi.shape[0]
         store, level = self.store, top.shape[1].bit_length() - 1  # top: (N, 2^t)
         steps = store.depth - level
         cdf = top.exp().cumsum(1)  # (N, 2^t)
-        below = cdf[:, -1:] * (1 - 2.0**-23)  # (N, 1) strictly below the total: a draw never passes the last node
-        target = torch.rand(n_query, k, device=phi.device) * below  # (N, k) uniform in [0, total)
-        start = torch.searchsorted(cdf, target, right=True)  # (N, k): first node whose cdf exceeds the target
-        uniform = torch.rand(steps, n_query, k, device=phi.device) if steps else None  # (steps, N, k)
-        if known is not None:  # u = 1 turns right ((u - 1) s_L + u s_R = s_R >= 0), u = 0 left (-s_L < 0: s_L >= eps)
+        target = torch.rand(n_query, k, device=phi.device) * cdf[:, -1:]  # (N, k) uniform in [0, total]
+        # the first node whose cdf reaches the target: never a node of probability 0 (its cdf equals its left
+        # neighbour's), so a target rounded up to the total takes the last node of positive probability
+        start = torch.searchsorted(cdf, target)  # (N, k)
+        walkers = k + (0 if known is None else known.shape[1])  # per query
+        # (steps, N, k + j, 2) (u - 1, u) per walker and level: go right iff (u - 1) s_L + u s_R >= 0
+        split = phi.new_empty(steps, n_query, walkers, 2)
+        if steps:
+            split[:, :, :k, 1].uniform_()
+        if known is not None and not steps:  # the known buckets are nodes of level t
+            start = torch.cat([start, known], 1)  # (N, k + j)
+        elif known is not None:  # u = 1 turns right ((u - 1) s_L + u s_R = s_R >= 0), u = 0 left (-s_L < 0)
             bits = known.unsqueeze(0) >> self.shifts(steps, phi.device).view(-1, 1, 1)  # (steps + 1, N, j) ancestors
             start = torch.cat([start, bits[0]], 1)  # (N, k + j): the known buckets' level-t ancestors
-            if steps:
-                uniform = torch.cat([uniform, (bits[1:] & 1).to(uniform.dtype)], 2)  # (steps, N, k + j)
-            k += known.shape[1]
+            torch.bitwise_and(bits[1:], 1, out=split[:, :, k:, 1])
         log_path = top.gather(1, start).view(-1)  # (W,)
+        if steps == 0:  # level t holds the buckets
+            return start.view(-1), log_path
+        torch.sub(split[..., 1], 1, out=split[..., 0])
         pos = start.view(-1) + ((1 << level) - 1)  # (W,) heap index of each walker's node
-        if steps == 0:
-            return pos - (store.num_buckets - 1), log_path
+        pos, log_walk = self._walk(phi, pos, split.view(steps, -1, 2), walkers, level)
+        return pos - (store.num_buckets - 1), log_path + log_walk
+
+    def _walk(self, phi: Tensor, pos: Tensor, split: Tensor, k: int, level: int) -> tuple[Tensor, Tensor]:
+        """Walkers (k per query phi (N, F)) on the nodes ``pos`` (W,) of level t descend the last levels, turning
+        right where ``split`` (levels, W, 2) . (s_L, s_R) >= 0: the heap index of the leaves (W,) reached and the
+        log-probability (W,) of the turns taken."""
+        n_query, feats = phi.shape
+        steps, store = split.shape[0], self.store
         pairs = store.nodes[1:].view(-1, 2 * feats)  # row i: both children of heap node i
         floor = store.floor[1:].view(-1, 2)
-        split = torch.stack([uniform - 1, uniform], 3).view(steps, -1, 2)  # (steps, W, 2): right iff split . s >= 0
+        scores = phi.new_empty(pos.shape[0], steps, 2)  # (W, steps, 2) each level's children's clamped scores
+        turns = torch.empty(pos.shape[0], steps, dtype=torch.long, device=pos.device)  # (W, steps) 1: right
         qrow = None  # (W,) walker -> query, made for the first level scored whole (``_level_pairs``)
-        scores, turns = [], []
         for step in range(steps):  # WALKED_LEVELS steps at most, whatever n
             width = 2 << (level + step)  # nodes on the children's level
             if self.rule.dense(width, n_query, 2 * k, self.rule.dense_factor / LEVEL_GATHER_GAIN):
                 qrow = torch.arange(n_query, device=phi.device).repeat_interleave(k) if qrow is None else qrow
-                s = self._level_pairs(phi, pos, qrow, width)  # (W, 2) from one product with the level
+                self._level_pairs(phi, pos, qrow, width, scores[:, step])  # from one product with the level
             else:
-                s = self._gathered_pairs(phi, pairs, floor, pos, k)  # (W, 2) from each walker's node
-            right = torch.bmm(s.unsqueeze(1), split[step].unsqueeze(2)).view(-1) >= 0  # (W,) u >= s_L / (s_L + s_R)
-            scores.append(s)
-            turns.append(right)
-            pos = torch.add(right, pos, alpha=2).add_(1)  # the chosen child's heap index
-        s = torch.stack(scores, 1)  # (W, steps, 2)
-        chosen = s.gather(2, torch.stack(turns, 1).long().unsqueeze(2)).squeeze(2)  # (W, steps)
-        return pos - (store.num_buckets - 1), log_path + (chosen / s.sum(2)).log().sum(1)
+                self._gathered_pairs(phi, pairs, floor, pos, k, scores[:, step])  # from each walker's node
+            right = torch.bmm(scores[:, step].unsqueeze(1), split[step].unsqueeze(2)).view(-1)  # (W,)
+            torch.ge(right, 0, out=turns[:, step])  # u >= s_L / (s_L + s_R)
+            pos = torch.add(turns[:, step], pos, alpha=2).add_(1)  # the chosen child's heap index
+        chosen = scores.gather(2, turns.unsqueeze(2)).squeeze(2)  # (W, steps)
+        return pos, (chosen / scores.sum(2)).log().sum(1)
 
-    def _level_pairs(self, phi: Tensor, pos: Tensor, qrow: Tensor, width: int) -> Tensor:
-        """Clamped scores (W, 2) of both children of each walker's node (heap index ``pos``), read from one product
-        of the queries with the ``width`` nodes of the children's level (``TreeWalk._level_scores``, unblocked)."""
+    def _level_pairs(self, phi: Tensor, pos: Tensor, qrow: Tensor, width: int, out: Tensor) -> None:
+        """Clamped scores ``out`` (W, 2) of both children of each walker's node (heap index ``pos``), read from one
+        product of the queries with the ``width`` nodes of the children's level (``TreeWalk._level_scores``,
+        unblocked)."""
         level = slice(width - 1, 2 * width - 1)
         table = torch.maximum(phi @ self.store.nodes[level].T, self.store.floor[level])  # (N, width)
         row = torch.add(pos, qrow, alpha=width // 2) - (width // 2 - 1)  # (W,) row of the (N width / 2, 2) table
-        return table.view(-1, 2).index_select(0, row)
+        torch.index_select(table.view(-1, 2), 0, row, out=out)
 
-    def _gathered_pairs(self, phi: Tensor, pairs: Tensor, floor: Tensor, pos: Tensor, k: int) -> Tensor:
-        """Clamped scores (W, 2) of both children of each walker's node, gathered per walker (in blocks of queries
-        only where the device's memory budget requires them, ``TreeStore.blocks``)."""
-
-        def block(lo: int, hi: int) -> Tensor:
-            where = pos[lo * k : hi * k]
-            z = pairs.index_select(0, where).view(hi - lo, 2 * k, -1)  # (b, 2k, F)
-            raw = torch.bmm(phi[lo:hi].unsqueeze(1), z.transpose(1, 2)).view(-1, 2)  # (b k, 2)
-            return torch.maximum(raw, floor.index_select(0, where))
-
-        return self.store.blocks(block, phi.shape[0], 2 * k * phi.shape[1])
+    def _gathered_pairs(self, phi: Tensor, pairs: Tensor, floor: Tensor, pos: Tensor, k: int, out: Tensor) -> None:
+        """Clamped scores ``out`` (W, 2) of both children of each walker's node, gathered per walker (in blocks of
+        queries only where the device's memory budget requires them, ``TreeStore.blocks``' budget)."""
+        raw = phi.new_empty(pos.shape[0], 2)  # (W, 2)
+        step = max(1, GPU_BLOCK_ELEMENTS // (2 * k * phi.shape[1]))  # queries per block
+        for lo in range(0, phi.shape[0], step):
+            hi = min(lo + step, phi.shape[0])
+            z = pairs.index_select(0, pos[lo * k : hi * k]).view(hi - lo, 2 * k, -1)  # (b, 2k, F)
+            torch.bmm(phi[lo:hi].unsqueeze(1), z.transpose(1, 2), out=raw[lo * k : hi * k].view(hi - lo, 1, 2 * k))
+        torch.maximum(raw, floor.index_select(0, pos), out=out)
 
     def path_log_q(self, phi: Tensor, bucket: Tensor, top: Tensor) -> Tensor:
         """Log-probability (N, k) that query i's walk reaches ``bucket[i, j]`` (N, k), phi (N, F), ``top`` its

@@ -73,7 +73,7 @@ class FixedDraws:
         bucket, log_path = self.walk.descend(phi, num_samples, step.top, forced)  # (W,) each, W = N (m + j)
         per_query = bucket.numel() // n_query
         logk, members = self.scorer.kernel(query, bucket, per_query, step.prepared)  # (W, L) each
-        slots = None if known is None else known - forced * size  # (N, j)
+        slots = None if known is None else torch.remainder(known, size)  # (N, j)
         ids, log_in = self.pick(logk.view(n_query, per_query, -1), members.view(n_query, per_query, -1), slots)
         log_q = log_path.view(n_query, per_query) + log_in  # (N, m + j)
         return ids, log_q[:, :num_samples], None if known is None else log_q[:, num_samples:]
@@ -100,7 +100,7 @@ class FixedDraws:
         forced = None if known is None else torch.div(known, size, rounding_mode="floor").unsqueeze(0)  # (1, K)
         bucket, log_path = self.walk.descend(phi, num_samples, step.top, forced)  # (m + K,) each
         logw, members = self.scorer.mixture_direct(psi, bucket)  # (m + K, L) each
-        slots = None if known is None else known.unsqueeze(0) - forced * size  # (1, K)
+        slots = None if known is None else torch.remainder(known, size).unsqueeze(0)  # (1, K)
         ids, log_in = self.pick(logw.unsqueeze(0), members.unsqueeze(0), slots)  # (1, m), (1, m + K)
         log_q = log_path + log_in[0]  # (m + K,)
         return ids[0], log_q[:num_samples], None if known is None else log_q[num_samples:]
