@@ -92,8 +92,10 @@ def test_log_q_is_a_distribution_and_draws_follow_it(kind, path):
     draws = 30_000
     if path.startswith("gpu"):  # the draws walked together with known ids (a step's targets), which keep log q
         known = every[:, ::4]  # (3, 10), every bucket's classes among them
-        ids, log_q, log_known = tree.fixed.sample(query, tree.features(query), draws, None, known)
-        torch.testing.assert_close(log_known, tree.log_q(query, known), rtol=1e-6, atol=1e-5)
+        ids, log_q = tree.fixed.sample(query, tree.features(query), draws, None, known)  # (3, draws + 10) each
+        assert torch.equal(ids[:, draws:], known)
+        torch.testing.assert_close(log_q[:, draws:], tree.log_q(query, known), rtol=1e-6, atol=1e-5)
+        ids, log_q = ids[:, :draws], log_q[:, :draws]
     else:
         ids, log_q = tree.sample(query, draws)
     assert ids.shape == log_q.shape == (3, draws) and ids.min() >= 0 and ids.max() < n

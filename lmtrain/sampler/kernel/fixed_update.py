@@ -42,6 +42,7 @@ class FixedUpdate:
         self._descendants: dict[tuple[int, torch.device, torch.dtype], Tensor] = {}
         self._leaves: dict[tuple[int, int, int, torch.device], Tensor] = {}  # the last ``leaf_of_every_class``
         self._buckets: dict[tuple[int, torch.device], Tensor] = {}  # the last ``every_bucket``
+        self._members: dict[tuple[int, int, int, torch.device], tuple[Tensor, Tensor]] = {}  # ``set_every_leaf``'s
 
     def update(self, weight: Tensor, rows: Tensor) -> None:
         """Bring the tree up to ``weight`` (n, d) after the rows ``rows`` (R,) changed (repeats allowed)."""
@@ -53,10 +54,10 @@ class FixedUpdate:
             self._add_cached_deltas(weight, rows)
             self.updates += 1
             if self.updates >= store.refresh:  # refresh 0: every time
-                store.set_leaves(self.every_bucket())
+                self.set_every_leaf()
                 self.updates = 0
         else:
-            store.set_leaves(self.every_bucket())
+            self.set_every_leaf()
         self.resum(store.nodes)
 
     def resum(self, heap: Tensor) -> None:
@@ -94,6 +95,28 @@ class FixedUpdate:
             self._leaves = {key: torch.div(classes, store.bucket_size, rounding_mode="floor") + store.num_buckets - 1}
         return self._leaves[key]
 
+    def set_every_leaf(self) -> None:
+        """Every leaf := the sum of its classes' features (``TreeStore.set_leaves`` of every bucket), from the cache or
+        from the rows; in one block where the memory budget allows, gathering the rows with the (B, L) member ids and
+        validity of every bucket, made once per tree shape (else by ``set_leaves``' blocks)."""
+        from lmtrain.sampler.kernel.store import GPU_BLOCK_ELEMENTS  # the store imports this module
+
+        store = self.store
+        size, buckets = store.bucket_size, store.num_buckets
+        leaves = store.nodes[buckets - 1 :]  # (B, F)
+        if store.cache.active:
+            leaves.copy_(store.cache.table.view(buckets, size, -1).sum(1, dtype=leaves.dtype))
+            return
+        if buckets * store.features.sum_elements(size, store.weight.shape[1]) > GPU_BLOCK_ELEMENTS:
+            store.set_leaves(self.every_bucket())
+            return
+        key = (store.num_classes, size, buckets, store.nodes.device)
+        if key not in self._members:
+            ids = store.member_ids(self.every_bucket())  # (B, L)
+            self._members = {key: (ids.clamp(max=store.num_classes - 1).view(-1), ids < store.num_classes)}
+        rows, valid = self._members[key]
+        leaves.copy_(store.features.node_sums(store.weight.index_select(0, rows).view(buckets, size, -1), valid))
+
     def every_bucket(self) -> Tensor:
         """(B,) 0..B - 1, made once per tree shape and device."""
         store = self.store
@@ -115,10 +138,10 @@ class FixedUpdate:
             return
         rows = rows.sort().values  # (R,) sorted, repeats masked: only a row's first occurrence adds its delta
         counted = torch.ones_like(rows, dtype=torch.bool)
-        counted[1:] = rows[1:] != rows[:-1]
+        torch.ne(rows[1:], rows[:-1], out=counted[1:])
         new = store.features(weight.index_select(0, rows)).to(cache.table.dtype)  # (R, F) as the cache stores it
         old = cache.table.index_select(0, rows)  # (R, F): what the tree's sums hold for these rows
         delta = (new.to(store.nodes.dtype) - old.to(store.nodes.dtype)) * counted.unsqueeze(1)  # (R, F)
-        leaf = torch.div(rows, store.bucket_size, rounding_mode="floor") + (store.num_buckets - 1)  # (R,)
-        store.nodes.index_add_(0, leaf, delta)
+        bucket = torch.div(rows, store.bucket_size, rounding_mode="floor")  # (R,)
+        store.nodes[store.num_buckets - 1 :].index_add_(0, bucket, delta)  # the leaves
         cache.table.index_copy_(0, rows, new)  # repeats of a row write the same values

@@ -113,53 +113,54 @@ class FixedWalk:
         if steps == 0:  # level t holds the buckets
             return start.view(-1), log_path
         torch.sub(split[..., 1], 1, out=split[..., 0])
-        pos = start.view(-1) + ((1 << level) - 1)  # (W,) heap index of each walker's node
-        pos, log_walk = self._walk(phi, pos, split.view(steps, -1, 2), walkers, level)
-        return pos - (store.num_buckets - 1), log_path + log_walk
+        bucket, log_walk = self._walk(phi, start.view(-1), split.view(steps, -1, 2), walkers, level)
+        return bucket, log_path + log_walk
 
     def _walk(self, phi: Tensor, pos: Tensor, split: Tensor, k: int, level: int) -> tuple[Tensor, Tensor]:
-        """Walkers (k per query phi (N, F)) on the nodes ``pos`` (W,) of level t descend the last levels, turning
-        right where ``split`` (levels, W, 2) . (s_L, s_R) >= 0: the heap index of the leaves (W,) reached and the
-        log-probability (W,) of the turns taken."""
-        n_query, feats = phi.shape
-        steps, store = split.shape[0], self.store
-        pairs = store.nodes[1:].view(-1, 2 * feats)  # row i: both children of heap node i
-        floor = store.floor[1:].view(-1, 2)
+        """Walkers (k per query phi (N, F)) on the nodes ``pos`` (W,) of level t (their index in the level) descend
+        the last levels, turning right where ``split`` (levels, W, 2) . (s_L, s_R) >= 0: the buckets (W,) reached
+        and the log-probability (W,) of the turns taken. A node's children are entries 2i and 2i + 1 of the next
+        level, so each level is read through its own view and an index needs no offset."""
+        n_query = phi.shape[0]
+        steps, nodes, floors = split.shape[0], self.store.nodes, self.store.floor
         scores = phi.new_empty(pos.shape[0], steps, 2)  # (W, steps, 2) each level's children's clamped scores
         turns = torch.empty(pos.shape[0], steps, dtype=torch.long, device=pos.device)  # (W, steps) 1: right
         qrow = None  # (W,) walker -> query, made for the first level scored whole (``_level_pairs``)
         for step in range(steps):  # WALKED_LEVELS steps at most, whatever n
-            width = 2 << (level + step)  # nodes on the children's level
+            width = 2 << (level + step)  # nodes on the children's level, from heap index width - 1
+            children, floor = nodes[width - 1 : 2 * width - 1], floors[width - 1 : 2 * width - 1]  # (width, F)
             if self.rule.dense(width, n_query, 2 * k, self.rule.dense_factor / LEVEL_GATHER_GAIN):
                 qrow = torch.arange(n_query, device=phi.device).repeat_interleave(k) if qrow is None else qrow
-                self._level_pairs(phi, pos, qrow, width, scores[:, step])  # from one product with the level
+                self._level_pairs(phi, children, floor, torch.add(pos, qrow, alpha=width // 2), scores[:, step])
             else:
-                self._gathered_pairs(phi, pairs, floor, pos, k, scores[:, step])  # from each walker's node
+                self._gathered_pairs(phi, children, floor, pos, k, scores[:, step])
             right = torch.bmm(scores[:, step].unsqueeze(1), split[step].unsqueeze(2)).view(-1)  # (W,)
             torch.ge(right, 0, out=turns[:, step])  # u >= s_L / (s_L + s_R)
-            pos = torch.add(turns[:, step], pos, alpha=2).add_(1)  # the chosen child's heap index
+            pos = torch.add(turns[:, step], pos, alpha=2)  # the chosen child's index in its level
         chosen = scores.gather(2, turns.unsqueeze(2)).squeeze(2)  # (W, steps)
         return pos, (chosen / scores.sum(2)).log().sum(1)
 
-    def _level_pairs(self, phi: Tensor, pos: Tensor, qrow: Tensor, width: int, out: Tensor) -> None:
-        """Clamped scores ``out`` (W, 2) of both children of each walker's node (heap index ``pos``), read from one
-        product of the queries with the ``width`` nodes of the children's level (``TreeWalk._level_scores``,
-        unblocked)."""
-        level = slice(width - 1, 2 * width - 1)
-        table = torch.maximum(phi @ self.store.nodes[level].T, self.store.floor[level])  # (N, width)
-        row = torch.add(pos, qrow, alpha=width // 2) - (width // 2 - 1)  # (W,) row of the (N width / 2, 2) table
+    @staticmethod
+    def _level_pairs(phi: Tensor, children: Tensor, floor: Tensor, row: Tensor, out: Tensor) -> None:
+        """Clamped scores ``out`` (W, 2) of both children of each walker's node, read from one product of the queries
+        with the nodes ``children`` (width, F) of the children's level (``TreeWalk._level_scores``, unblocked);
+        ``row`` (W,): query x width / 2 + the node's index in its level."""
+        table = torch.maximum(phi @ children.T, floor)  # (N, width)
         torch.index_select(table.view(-1, 2), 0, row, out=out)
 
-    def _gathered_pairs(self, phi: Tensor, pairs: Tensor, floor: Tensor, pos: Tensor, k: int, out: Tensor) -> None:
-        """Clamped scores ``out`` (W, 2) of both children of each walker's node, gathered per walker (in blocks of
-        queries only where the device's memory budget requires them, ``TreeStore.blocks``' budget)."""
+    @staticmethod
+    def _gathered_pairs(phi: Tensor, children: Tensor, floor: Tensor, pos: Tensor, k: int, out: Tensor) -> None:
+        """Clamped scores ``out`` (W, 2) of both children (of the level's nodes ``children`` (width, F)) of each
+        walker's node (``pos``: its index in its level), gathered per walker (in blocks of queries only where the
+        device's memory budget requires them, ``TreeStore.blocks``' budget)."""
+        pairs = children.view(-1, 2 * children.shape[1])  # (width / 2, 2F) row i: both children of node i
         raw = phi.new_empty(pos.shape[0], 2)  # (W, 2)
         step = max(1, GPU_BLOCK_ELEMENTS // (2 * k * phi.shape[1]))  # queries per block
         for lo in range(0, phi.shape[0], step):
             hi = min(lo + step, phi.shape[0])
             z = pairs.index_select(0, pos[lo * k : hi * k]).view(hi - lo, 2 * k, -1)  # (b, 2k, F)
             torch.bmm(phi[lo:hi].unsqueeze(1), z.transpose(1, 2), out=raw[lo * k : hi * k].view(hi - lo, 1, 2 * k))
-        torch.maximum(raw, floor.index_select(0, pos), out=out)
+        torch.maximum(raw, floor.view(-1, 2).index_select(0, pos), out=out)
 
     def path_log_q(self, phi: Tensor, bucket: Tensor, top: Tensor) -> Tensor:
         """Log-probability (N, k) that query i's walk reaches ``bucket[i, j]`` (N, k), phi (N, F), ``top`` its

@@ -48,24 +48,24 @@ class FixedDraws:
     @staticmethod
     def pick(log_weights: Tensor, ids: Tensor, known: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """``TreeWalk.pick`` in fewer operators (Gumbel-max with -log E, E ~ Exp(1), as the Gumbel noise) for
-        log weights and member ids (G, K, L) of G groups of K walkers: the ids picked (G, k) and the log
-        in-bucket probability (G, K) of every walker's pick, where the last j = K - k walkers take the given slots
-        ``known`` (G, j) instead of a draw."""
+        log weights and member ids (G, K, L) of G groups of K walkers: the ids (G, K) and the log in-bucket
+        probability (G, K) of every walker's pick, where the last j walkers take the given slots ``known`` (G, j)
+        instead of a draw."""
         drawn = log_weights[:, : log_weights.shape[1] - (0 if known is None else known.shape[1])]  # (G, k, L)
         noise = torch.empty_like(drawn).exponential_()  # (G, k, L)
         pick = (drawn - noise.log()).argmax(2, keepdim=True)  # (G, k, 1)
-        ids = ids[:, : drawn.shape[1]].gather(2, pick).squeeze(2)  # (G, k)
         if known is not None:
             pick = torch.cat([pick, known.unsqueeze(2)], 1)  # (G, K, 1)
-        return ids, log_weights.gather(2, pick).squeeze(2) - torch.logsumexp(log_weights, 2)
+        log_in = log_weights.gather(2, pick).squeeze(2) - torch.logsumexp(log_weights, 2)  # (G, K)
+        return ids.gather(2, pick).squeeze(2), log_in
 
     # --- per example ----------------------------------------------------------------------------
     def sample(
         self, query: Tensor, phi: Tensor, num_samples: int, step: FixedStep | None, known: Tensor | None = None
-    ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """query (N, d), its features phi (N, F) -> ids (N, m) drawn per example, their exact log q (N, m), and the
-        exact log q (N, j) of the ``known`` ids (N, j) (None without): their walkers go down the same walk as the
-        draws' (``FixedWalk.descend``), and one scoring serves every walker's bucket."""
+    ) -> tuple[Tensor, Tensor]:
+        """query (N, d), its features phi (N, F) -> ids (N, m + j): m drawn per example, then the ``known`` ids
+        (N, j) (none without), and their exact log q (N, m + j): the known ids' walkers go down the same walk as
+        the draws' (``FixedWalk.descend``), and one scoring serves every walker's bucket."""
         n_query = query.shape[0]
         step = self.step(phi) if step is None else step
         size = self.store.bucket_size
@@ -75,8 +75,7 @@ class FixedDraws:
         logk, members = self.scorer.kernel(query, bucket, per_query, step.prepared)  # (W, L) each
         slots = None if known is None else torch.remainder(known, size)  # (N, j)
         ids, log_in = self.pick(logk.view(n_query, per_query, -1), members.view(n_query, per_query, -1), slots)
-        log_q = log_path.view(n_query, per_query) + log_in  # (N, m + j)
-        return ids, log_q[:, :num_samples], None if known is None else log_q[:, num_samples:]
+        return ids, log_path.view(n_query, per_query) + log_in  # (N, m + j) each
 
     def log_q(self, query: Tensor, phi: Tensor, ids: Tensor, step: FixedStep | None) -> Tensor:
         """Exact log q (N, k) of any ids (N, k)."""
@@ -91,9 +90,9 @@ class FixedDraws:
     # --- batch-shared: the mixture of the batch's proposals -------------------------------------
     def sample_mixture(
         self, psi: Tensor, num_samples: int, step: FixedStep | None, known: Tensor | None = None
-    ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """m ids (m,) drawn with psi's walk, their exact log q-bar (m,), and the exact log q-bar (K,) of the
-        ``known`` ids (K,) (None without), walked down the same walk."""
+    ) -> tuple[Tensor, Tensor]:
+        """ids (m + K,): m drawn with psi's walk, then the ``known`` ids (K,) (none without), and their exact log
+        q-bar (m + K,): the known ids walk down the same walk."""
         phi = psi.unsqueeze(0)  # (1, F)
         step = self.step(phi) if step is None else step
         size = self.store.bucket_size
@@ -101,9 +100,8 @@ class FixedDraws:
         bucket, log_path = self.walk.descend(phi, num_samples, step.top, forced)  # (m + K,) each
         logw, members = self.scorer.mixture_direct(psi, bucket)  # (m + K, L) each
         slots = None if known is None else torch.remainder(known, size).unsqueeze(0)  # (1, K)
-        ids, log_in = self.pick(logw.unsqueeze(0), members.unsqueeze(0), slots)  # (1, m), (1, m + K)
-        log_q = log_path + log_in[0]  # (m + K,)
-        return ids[0], log_q[:num_samples], None if known is None else log_q[num_samples:]
+        ids, log_in = self.pick(logw.unsqueeze(0), members.unsqueeze(0), slots)  # (1, m + K) each
+        return ids[0], log_path + log_in[0]
 
     def log_q_mixture(self, psi: Tensor, ids: Tensor, step: FixedStep | None) -> Tensor:
         """Exact log q-bar of any ids (any shape), the same shape: every id's bucket scored where it stands."""

@@ -61,12 +61,8 @@ class KernelProposal(Proposal):
         expected ones (N, j) are walked down by the kernel draws' walk (``FixedDraws.sample``), one scoring for all."""
         mix = self.unigram
         asked = expected if not num_unigram else torch.cat([mix.draw(self.query.shape[0], num_unigram), expected], 1)
-        ids, log_q, log_asked = self.tree.fixed.sample(self.query, self.phi, num_kernel, self.fixed, asked)
-        if mix is None:
-            self.remember(log_asked)  # (N, j)
-            return ids, log_q
-        ids = torch.cat([ids, asked], 1)  # (N, m + j)
-        log_q = mix.mix(torch.cat([log_q, log_asked], 1), ids)
+        ids, log_q = self.tree.fixed.sample(self.query, self.phi, num_kernel, self.fixed, asked)  # (N, m + j) each
+        log_q = log_q if mix is None else mix.mix(log_q, ids)
         num_samples = num_kernel + num_unigram
         self.remember(log_q[:, num_samples:])  # (N, j)
         return ids[:, :num_samples], log_q[:, :num_samples]
@@ -114,12 +110,8 @@ class MixtureProposal(Proposal):
         expected ones (any shape) are walked down by psi's walk (``FixedDraws.sample_mixture``), one scoring for all."""
         mix, flat = self.unigram, expected.reshape(-1)
         asked = flat if not num_unigram else torch.cat([mix.draw(num_unigram), flat])  # (m_u + K,)
-        ids, log_q, log_asked = self.tree.fixed.sample_mixture(self.psi, num_kernel, self.fixed, asked)
-        if mix is None:
-            self.remember(log_asked.view(expected.shape))
-            return ids, log_q
-        ids = torch.cat([ids, asked])  # (m + K,)
-        log_q = mix.mix(torch.cat([log_q, log_asked]), ids)
+        ids, log_q = self.tree.fixed.sample_mixture(self.psi, num_kernel, self.fixed, asked)  # (m + K,) each
+        log_q = log_q if mix is None else mix.mix(log_q, ids)
         num_samples = num_kernel + num_unigram
         self.remember(log_q[num_samples:].view(expected.shape))
         return ids[:num_samples], log_q[:num_samples]

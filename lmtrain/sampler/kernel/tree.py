@@ -127,7 +127,7 @@ class KernelTree(DeviceAware, nn.Module):
         """query (N, d) -> ids (N, m) drawn per example, and their exact log q (N, m)."""
         self._check(query)
         if self.gpu_paths:
-            return self.fixed.sample(query, self.features(query) if phi is None else phi, num_samples, fixed)[:2]
+            return self.fixed.sample(query, self.features(query) if phi is None else phi, num_samples, fixed)
         n_query = query.shape[0]
         uniform = torch.rand(self.depth, n_query * num_samples, device=query.device)
         phi = self.features(query) if phi is None else phi
@@ -219,7 +219,7 @@ class KernelTree(DeviceAware, nn.Module):
     ) -> tuple[Tensor, Tensor]:
         """``num_samples`` ids (m,) drawn with psi's walk (see ``mixture``) and their exact log q-bar (m,)."""
         if self.gpu_paths:
-            return self.fixed.sample_mixture(psi, num_samples, fixed)[:2]
+            return self.fixed.sample_mixture(psi, num_samples, fixed)
         uniform = torch.rand(self.depth, num_samples, device=psi.device)
         bucket, log_path = self.walk.descend(psi.unsqueeze(0), num_samples, uniform)  # (m,) each
         ids, log_in = self.walk.pick(*self.scorer.mixture(psi, bucket, scores))  # (m,) each
