@@ -89,8 +89,8 @@ class MixtureProposal(Proposal):
     def __init__(self, tree: KernelTree, query: Tensor, unigram: UnigramShare | None) -> None:
         self.tree, self.unigram = tree, unigram
         self.psi = tree.mixture(query)  # (F,)
-        self.scores = tree.bucket_scores(self.psi)
         self.fixed = tree.fixed_step(phi=self.psi.unsqueeze(0))  # on the GPU paths, else None
+        self.scores = tree.bucket_scores(self.psi) if self.fixed is None else None  # the CPU paths' table
 
     def sample(self, num_samples: int) -> tuple[Tensor, Tensor]:
         tree, psi, mix = self.tree, self.psi, self.unigram
