@@ -1,21 +1,24 @@
-"""The kernel tree's descent in a fixed number of operators, whatever the depth: the GPU path of ``TreeWalk``.
+"""The kernel tree's descent in a bounded number of operators, whatever the depth: the GPU path of ``TreeWalk``.
 
 ``TreeWalk`` descends level by level (a few operators per level, cache-sized blocks per level on a CPU), so a
 step's operator count grows with log n and with the batch. Here the top levels are scored for every node at
-once and the walkers only descend the last ``WALKED_LEVELS`` levels by gathers:
+once and the walkers only descend the last levels (``WALKED_LEVELS`` at most) by gathers:
 
-1. ``top_reach``: one product of the queries with every node of levels 1..t (t = depth - WALKED_LEVELS) gives
-   each node's clamped score, hence every branch probability of those levels; the log-probability of reaching
-   each node of level t is the sum of its ancestors' branch log-probabilities (one gather through a fixed
-   ancestor table, one sum). This is the walk's own probability of arriving there, not an approximation.
+1. ``top_reach``: one product of the queries with every node of levels 1..t (t = max(depth - WALKED_LEVELS,
+   min(depth, SCORED_LEVELS)): a tree of up to 2^SCORED_LEVELS buckets is scored whole) gives each node's clamped
+   score, hence every branch probability of those levels; the log-probability of reaching each node of level t is
+   the sum of its ancestors' branch log-probabilities (one gather through a fixed ancestor table, one sum). This is
+   the walk's own probability of arriving there, not an approximation.
 2. ``descend``: each walker draws its level-t node from that distribution (inverse CDF: a cumulative sum and a
-   sorted search) and descends the remaining levels as ``TreeWalk`` does, gathering its node's children.
-3. ``path_log_q``: a known bucket's path probability is the reach of its level-t ancestor plus the branch
+   sorted search) and descends the remaining levels as ``TreeWalk`` does, gathering its node's children. Known
+   buckets (a step's targets) walk down with the draws, their turns given by their index's bits instead of drawn,
+   so their path probabilities come from the same scores.
+3. ``path_log_q``: any bucket's path probability is the reach of its level-t ancestor plus the branch
    probabilities of its last levels, gathered for all those levels at once.
 
 Draws and log q follow the same branch probabilities as ``TreeWalk`` (the same clamps max(<phi, z>, floor)), so
 the proposal is the same distribution; only its random numbers are used differently. The number of operators
-is fixed; the product of step 1 reads N x 2^(t+1) x F node values, a share 2^-WALKED_LEVELS of the tree.
+does not grow past depth SCORED_LEVELS + WALKED_LEVELS; the product of step 1 reads N x 2^(t+1) x F node values.
 """
 
 from __future__ import annotations
