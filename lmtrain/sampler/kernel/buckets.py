@@ -107,10 +107,10 @@ class BucketScorer:
         (a bucket asked for twice is scored twice): fixed shapes, no deduplication (the GPU path)."""
         store = self.store
         members = store.member_ids(bucket)  # (W, L)
-        valid = members < store.num_classes
         if store.cache.active:  # the cache's padding rows are zero: masked below
             scores = store.cache.scores(psi, members)  # (W, L)
+            padding = members >= store.num_classes
         else:
             rows, valid = store.members(bucket)  # (W, L, d)
-            scores = self.features.inner(psi, rows)  # (W, L)
-        return scores.clamp_min(store.eps).log().masked_fill(~valid, float("-inf")), members
+            scores, padding = self.features.inner(psi, rows), ~valid  # (W, L) each
+        return scores.clamp_min(store.eps).log().masked_fill(padding, float("-inf")), members
