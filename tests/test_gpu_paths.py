@@ -35,7 +35,7 @@ def test_gpu_paths_give_the_cpu_paths_log_q_and_keep_the_targets(kind, shared):
     expected_targets, expected_others = cpu.log_q(targets), cpu.log_q(others)
 
     set_execution(made, Execution.gpu)
-    made.tree.fixed.walk.walked = 2  # a tree of 6 levels: 4 scored whole, 2 walked
+    made.tree.fixed.walk.walked, made.tree.fixed.walk.scored = 2, 0  # a tree of 6 levels: 4 scored whole, 2 walked
     gpu = made.propose(query)
     torch.testing.assert_close(gpu.log_q(others), expected_others, rtol=1e-5, atol=1e-5)
     gpu.expect(targets)

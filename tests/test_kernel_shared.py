@@ -47,7 +47,14 @@ def test_shared_draws_follow_log_q_bar(kind, path):
     torch.testing.assert_close(log_q.exp().sum(), torch.tensor(1.0), rtol=0, atol=1e-5)
     torch.testing.assert_close(tree.log_q_mixture(psi, torch.arange(n).view(1, n)), log_q.view(1, n))  # any shape
     torch.manual_seed(2)
-    ids, drawn = tree.sample_mixture(psi, 40_000)
+    if path.startswith("gpu"):  # the draws walked together with known ids (a step's targets), which keep log q-bar
+        known = torch.arange(n).flip(0)  # (n,) every class, the empty buckets' neighbours included
+        ids, drawn = tree.fixed.sample_mixture(psi, 40_000, None, known)  # (40,000 + n,) each
+        assert torch.equal(ids[40_000:], known)
+        torch.testing.assert_close(drawn[40_000:], log_q.flip(0), rtol=0, atol=1e-5)
+        ids, drawn = ids[:40_000], drawn[:40_000]
+    else:
+        ids, drawn = tree.sample_mixture(psi, 40_000)
     assert ids.shape == drawn.shape == (40_000,) and ids.min() >= 0 and ids.max() < n
     torch.testing.assert_close(drawn, log_q[ids], rtol=0, atol=1e-5)  # log q-bar of what was drawn
     assert_draws_follow(ids, log_q.exp())

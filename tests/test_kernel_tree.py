@@ -21,7 +21,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 # dense_factor 0 forces per-walker gathers everywhere, a huge one forces one GEMM per level; "gpu" takes the GPU
 # paths (execution=gpu: FixedWalk with its top levels scored whole, FixedUpdate), with the top of a small tree
-PATHS = {"gather": 0, "dense": 10**9, "auto": 64, "gpu": 0, "gpu_dense": 10**9}
+# scored whole and its last levels walked; "gpu_whole" with the defaults, which score a small tree whole
+PATHS = {"gather": 0, "dense": 10**9, "auto": 64, "gpu": 0, "gpu_dense": 10**9, "gpu_whole": 0}
 GPU_WALKED_LEVELS = 2  # the tests' trees have 3-6 levels: 2 walked, the rest scored whole by top_reach
 
 
@@ -44,7 +45,8 @@ def make_tree(
     tree = KernelTree(make_features(kind), leaf_size=leaf_size, dense_factor=PATHS[path], chunk_elements=chunk, **kw)
     if path.startswith("gpu"):
         tree.use_gpu_paths(True)
-        tree.fixed.walk.walked = GPU_WALKED_LEVELS
+        if path != "gpu_whole":
+            tree.fixed.walk.walked, tree.fixed.walk.scored = GPU_WALKED_LEVELS, 0
     tree.rebuild(weight)
     return tree
 
@@ -88,7 +90,14 @@ def test_log_q_is_a_distribution_and_draws_follow_it(kind, path):
 
     torch.manual_seed(2)
     draws = 30_000
-    ids, log_q = tree.sample(query, draws)
+    if path.startswith("gpu"):  # the draws walked together with known ids (a step's targets), which keep log q
+        known = every[:, ::4]  # (3, 10), every bucket's classes among them
+        ids, log_q = tree.fixed.sample(query, tree.features(query), draws, None, known)  # (3, draws + 10) each
+        assert torch.equal(ids[:, draws:], known)
+        torch.testing.assert_close(log_q[:, draws:], tree.log_q(query, known), rtol=1e-6, atol=1e-5)
+        ids, log_q = ids[:, :draws], log_q[:, :draws]
+    else:
+        ids, log_q = tree.sample(query, draws)
     assert ids.shape == log_q.shape == (3, draws) and ids.min() >= 0 and ids.max() < n
     torch.testing.assert_close(log_q, tree.log_q(query, ids), rtol=0, atol=1e-5)  # log q of what was drawn
     for row in range(3):

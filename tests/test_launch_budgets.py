@@ -1,11 +1,11 @@
 """What a training step asks of a GPU, counted on the CPU under ``execution=gpu``: at most one host sync, a kernel
-sampler's operator count bounded by unigram's and the same whatever the vocabulary size, and the other strategies
+sampler's operator count bounded by unigram's and not growing with the vocabulary size, and the other strategies
 within 1.5x the full softmax's operators plus their sampler's draw where that is met (docs/gpu.md).
 
 Counts are exact (``lmtrain.tools.launches``), so they are asserted, not timed. The model is small (16 units,
-D = 32) so that a vocabulary of 10^6 builds in seconds: operator counts depend on the tree's depth and the
-code paths, not on the widths (``scripts/bench_launches.py`` counts the default model); the 1.5x rule is checked
-on the default model, since the number of LSTM layers changes the full softmax's count."""
+D = 32) so that a vocabulary of 10^6 builds in seconds: operator counts depend on the code paths (a kernel tree
+scored whole or walked, blocks), not on the widths (``scripts/bench_launches.py`` counts the default model); the
+1.5x rule is checked on the default model, since the number of LSTM layers changes the full softmax's count."""
 
 from __future__ import annotations
 
@@ -19,10 +19,15 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 SMALL = ["model.emb_dim=16", "model.hidden_dim=16", "model.num_layers=1"]
 KERNEL = ["output=rff", "output=quadratic"]
-# The issue's budget is 3x unigram's operators, 2x unigram's (about 160 on the default model) beyond unigram's own.
-# Counted exactly (no profiler markers or wrappers, the optimizer's multi-tensor step as on CUDA) the kernel samplers
-# take up to about 230 beyond it: the budget is not met (docs/gpu.md), and this bound only keeps the count from growing
-KERNEL_BEYOND_UNIGRAM = 240
+# The issue's budget is 3x unigram's operators on the default model, 2x unigram's (2 x 72 = 144) beyond unigram's own.
+# On the small test model the kernel samplers take, beyond unigram's 70: quadratic 89, shared quadratic 117, rff
+# 139 and shared rff 167 (the most over every size); shared rff does not meet the budget at 10^5-10^6 types on the
+# default model either (docs/gpu.md), so it keeps its own bound, which only keeps its count from growing
+KERNEL_BEYOND_UNIGRAM = {"output=quadratic": 144, "output=rff": 144}
+SHARED_RFF_BEYOND_UNIGRAM = 167
+# sizes of the small model's two regimes: a tree of at most 2^11 buckets is scored whole (10^4 types), a deeper one
+# walks its last four levels (2 x 10^5 and 10^6 types: 2^15 and 2^17 buckets of quadratic, 2^16 and 2^18 of rff)
+WHOLE, WALKED = 10_000, (200_000, 1_000_000)
 
 
 def counts(overrides: list[str], n: int, execution: str = "gpu"):
@@ -68,13 +73,26 @@ def test_a_draw_is_counted_alone():
 
 @pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("output", KERNEL)
-def test_kernel_samplers_launch_the_same_operators_at_every_size(output, shared):
+def test_kernel_samplers_launch_a_bounded_count_that_does_not_grow_with_the_tree(output, shared):
+    """A tree scored whole (10^4 types here) takes fewer operators than a walked one; walked trees take the same count
+    whatever their depth (15 to 18 levels here), and every count stays within 3x unigram's where that is met."""
     options = [output, f"output.shared_negatives={str(shared).lower()}"]
-    unigram = counts(["output=unigram"], 10_000).launches
-    small, large = (counts(options, n) for n in (10_000, 1_000_000))
-    assert small.syncs <= 1 and large.syncs <= 1, (dict(small.sync_ops), dict(large.sync_ops))
-    assert max(small.launches, large.launches) - unigram <= KERNEL_BEYOND_UNIGRAM, (small.launches, large.launches)
-    assert abs(large.launches - small.launches) <= 0.05 * small.launches, (small.launches, large.launches)
+    unigram = counts(["output=unigram"], WHOLE).launches
+    whole, *walked = (counts(options, n) for n in (WHOLE, *WALKED))
+    assert all(step.syncs <= 1 for step in (whole, *walked)), [dict(step.sync_ops) for step in (whole, *walked)]
+    assert walked[0].launches == walked[1].launches, [step.launches for step in walked]
+    assert whole.launches <= walked[0].launches, (whole.launches, walked[0].launches)
+    bound = SHARED_RFF_BEYOND_UNIGRAM if shared and output == "output=rff" else KERNEL_BEYOND_UNIGRAM[output]
+    assert walked[0].launches - unigram <= bound, (walked[0].launches, unigram)
+
+
+@pytest.mark.parametrize("options", [[], ["output.shared_negatives=true"]])
+@pytest.mark.parametrize("output", KERNEL)
+def test_kernel_samplers_take_at_most_three_unigrams_at_ten_thousand_types(output, options):
+    """The default model at 10^4 types (docs/bench/launches_1e4.md), where every kernel variant meets the budget."""
+    unigram = count_train_step(["output=unigram", "execution=gpu"], 10_000).launches
+    step = count_train_step([output, *options, "execution=gpu"], 10_000)
+    assert step.syncs <= 1 and step.launches <= 3 * unigram, (step.launches, unigram)
 
 
 def test_the_cpu_paths_are_the_ones_that_sync():

@@ -28,6 +28,7 @@ class BucketScorer:
 
     def __init__(self, features: FeatureMap, store: TreeStore, walk: TreeWalk) -> None:
         self.features, self.store, self.walk = features, store, walk
+        self._offsets: dict[tuple[int, int, int, torch.device], Tensor] = {}  # the last ``query_offsets``
 
     def empty(self, psi: Tensor) -> BucketScores:
         """An empty table of psi's in-bucket log weights, filled as buckets are asked for."""
@@ -42,7 +43,11 @@ class BucketScorer:
         size = store.bucket_size
         ids = store.member_ids(bucket)  # (W, L)
         prepared = self.features.prepare(query) if prepared is None else prepared
-        if self.walk.dense(store.num_buckets, n_query, k):  # all dot products in one GEMM, then pick
+        if self.walk.dense(store.num_buckets, n_query, k) and store.gpu_paths:  # one GEMM, then pick (no padding)
+            dots = prepared @ self.features.prepare(store.weight).T  # (N, n)
+            flat = ids.clamp(max=store.num_classes - 1) + self.query_offsets(n_query, k, store.num_classes, ids.device)
+            dots = dots.view(-1).take(flat)  # (W, L): entry [w // k, ids[w]] of the (N, n) products
+        elif self.walk.dense(store.num_buckets, n_query, k):  # all dot products in one GEMM, then pick
             dots = prepared @ self.features.prepare(store.weight).T  # (N, n)
             dots = nn.functional.pad(dots, (0, store.num_buckets * size - store.num_classes))
             qrow = torch.arange(n_query, device=bucket.device).repeat_interleave(k)  # (W,)
@@ -59,6 +64,14 @@ class BucketScorer:
         if store.num_buckets * size > store.num_classes:  # padding slots of the last buckets
             logk = logk.masked_fill(ids >= store.num_classes, float("-inf"))
         return logk, ids
+
+    def query_offsets(self, n_query: int, k: int, stride: int, device: torch.device) -> Tensor:
+        """(W, 1) the first entry of walker w's query, (w // k) x ``stride``, in a flat (N, stride) table: made once
+        per shape and device (the GPU paths' dense scoring)."""
+        key = (n_query, k, stride, device)
+        if key not in self._offsets:
+            self._offsets = {key: torch.arange(n_query, device=device).repeat_interleave(k).unsqueeze(1) * stride}
+        return self._offsets[key]
 
     def mixture(self, psi: Tensor, bucket: Tensor, scores: BucketScores | None = None) -> tuple[Tensor, Tensor]:
         """log max(<psi, phi(w_j)>, eps) for the members of each bucket (W,) -> (W, L) (-inf on padding), and the
@@ -94,10 +107,10 @@ class BucketScorer:
         (a bucket asked for twice is scored twice): fixed shapes, no deduplication (the GPU path)."""
         store = self.store
         members = store.member_ids(bucket)  # (W, L)
-        valid = members < store.num_classes
         if store.cache.active:  # the cache's padding rows are zero: masked below
             scores = store.cache.scores(psi, members)  # (W, L)
+            padding = members >= store.num_classes
         else:
             rows, valid = store.members(bucket)  # (W, L, d)
-            scores = self.features.inner(psi, rows)  # (W, L)
-        return scores.clamp_min(store.eps).log().masked_fill(~valid, float("-inf")), members
+            scores, padding = self.features.inner(psi, rows), ~valid  # (W, L) each
+        return scores.clamp_min(store.eps).log().masked_fill(padding, float("-inf")), members

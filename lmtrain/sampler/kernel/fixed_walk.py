@@ -1,21 +1,24 @@
-"""The kernel tree's descent in a fixed number of operators, whatever the depth: the GPU path of ``TreeWalk``.
+"""The kernel tree's descent in a bounded number of operators, whatever the depth: the GPU path of ``TreeWalk``.
 
 ``TreeWalk`` descends level by level (a few operators per level, cache-sized blocks per level on a CPU), so a
 step's operator count grows with log n and with the batch. Here the top levels are scored for every node at
-once and the walkers only descend the last ``WALKED_LEVELS`` levels by gathers:
+once and the walkers only descend the last levels (``WALKED_LEVELS`` at most) by gathers:
 
-1. ``top_reach``: one product of the queries with every node of levels 1..t (t = depth - WALKED_LEVELS) gives
-   each node's clamped score, hence every branch probability of those levels; the log-probability of reaching
-   each node of level t is the sum of its ancestors' branch log-probabilities (one gather through a fixed
-   ancestor table, one sum). This is the walk's own probability of arriving there, not an approximation.
+1. ``top_reach``: one product of the queries with every node of levels 1..t (t = max(depth - WALKED_LEVELS,
+   min(depth, SCORED_LEVELS)): a tree of up to 2^SCORED_LEVELS buckets is scored whole) gives each node's clamped
+   score, hence every branch probability of those levels; the log-probability of reaching each node of level t is
+   the sum of its ancestors' branch log-probabilities (one gather through a fixed ancestor table, one sum). This is
+   the walk's own probability of arriving there, not an approximation.
 2. ``descend``: each walker draws its level-t node from that distribution (inverse CDF: a cumulative sum and a
-   sorted search) and descends the remaining levels as ``TreeWalk`` does, gathering its node's children.
-3. ``path_log_q``: a known bucket's path probability is the reach of its level-t ancestor plus the branch
+   sorted search) and descends the remaining levels as ``TreeWalk`` does, gathering its node's children. Known
+   buckets (a step's targets) walk down with the draws, their turns given by their index's bits instead of drawn,
+   so their path probabilities come from the same scores.
+3. ``path_log_q``: any bucket's path probability is the reach of its level-t ancestor plus the branch
    probabilities of its last levels, gathered for all those levels at once.
 
 Draws and log q follow the same branch probabilities as ``TreeWalk`` (the same clamps max(<phi, z>, floor)), so
 the proposal is the same distribution; only its random numbers are used differently. The number of operators
-is fixed; the product of step 1 reads N x 2^(t+1) x F node values, a share 2^-WALKED_LEVELS of the tree.
+does not grow past depth SCORED_LEVELS + WALKED_LEVELS; the product of step 1 reads N x 2^(t+1) x F node values.
 """
 
 from __future__ import annotations
@@ -23,31 +26,44 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lmtrain.sampler.kernel.store import TreeStore
+from lmtrain.sampler.kernel.store import GPU_BLOCK_ELEMENTS, TreeStore
 from lmtrain.sampler.kernel.walk import LEVEL_GATHER_GAIN, TreeWalk
 
-# levels each walker descends by gathers; the levels above are scored for all of their nodes by one product. At
-# n = 10^6 (N = 700 queries, F = 2048, depth 17) four levels make that product N x 2^14 x F (47 GFLOP, a twentieth
-# of the full softmax's step) against 4 x 2 node rows gathered per walker, 100 walkers per query. Chosen by that
-# count, not yet timed on a GPU (scripts/bench_gpu.py).
+# levels each walker descends by gathers at most; the levels above are scored for all of their nodes by one product.
+# At n = 10^6 (N = 700 queries, F = 2048, depth 17) four levels make that product N x 2^14 x F (47 GFLOP, a
+# twentieth of the full softmax's step) against 4 x 2 node rows gathered per walker, 100 walkers per query. Chosen by
+# that count, not yet timed on a GPU (scripts/bench_gpu.py).
 WALKED_LEVELS = 4
+# levels scored whole at least (while the tree has them): a tree of at most 2^11 buckets is not walked at all (one
+# product with its 4,094 nodes below the root, no operators per level). At N = 700 queries and m = 100 walkers each,
+# ``TreeWalk.dense`` prefers one product to per-walker gathers up to a level of 3,128 nodes; 2^11 is the largest
+# level below that
+SCORED_LEVELS = 11
 
 
 class FixedWalk:
     """``TreeWalk``'s descent and path probabilities with a fixed operator count (see the module docstring).
 
-    It reads the store's tensors at every call, like ``TreeWalk``; ``walked`` is the number of levels that
-    walkers descend by gathers (the rest are scored whole by ``top_reach``)."""
+    It reads the store's tensors at every call, like ``TreeWalk``. The top levels are scored whole by
+    ``top_reach``: the first ``scored`` levels at least, and all but the last ``walked`` at least; walkers descend
+    the rest by gathers."""
 
-    def __init__(self, store: TreeStore, rule: TreeWalk, walked: int = WALKED_LEVELS) -> None:
+    def __init__(
+        self, store: TreeStore, rule: TreeWalk, walked: int = WALKED_LEVELS, scored: int = SCORED_LEVELS
+    ) -> None:
         self.store, self.rule = store, rule  # the rule: ``TreeWalk.dense``, one product per level or gathers
-        self.walked = walked
+        self.walked, self.scored = walked, scored
         self._ancestors: dict[tuple[int, torch.device], Tensor] = {}
 
-    @property
-    def top(self) -> int:
-        """t: the level whose nodes ``top_reach`` gives the probability of (0: the root, nothing scored whole)."""
-        return max(0, self.store.depth - self.walked)
+    def top(self, n_query: int) -> int:
+        """t: the level whose nodes ``top_reach`` gives the probability of for ``n_query`` queries (0: the root,
+        nothing scored whole); below ``scored`` where the reach's temporaries (N x 2^t x t) would pass the GPU
+        paths' memory budget."""
+        depth = self.store.depth
+        level = max(0, depth - self.walked, min(depth, self.scored))
+        while level > max(0, depth - self.walked) and n_query * (level << level) > GPU_BLOCK_ELEMENTS:
+            level -= 1
+        return level
 
     def ancestors(self, level: int, device: torch.device) -> Tensor:
         """For every node of ``level`` (2^level of them), the rows of its ancestors at levels 1..level in the
@@ -62,74 +78,97 @@ class FixedWalk:
     def top_reach(self, phi: Tensor) -> Tensor:
         """Log-probability (N, 2^t) that each query's walk reaches each node of level t, from one product of the
         queries phi (N, F) with the nodes of levels 1..t."""
-        level = self.top
+        level = self.top(phi.shape[0])
         if level == 0:
             return phi.new_zeros(phi.shape[0], 1)
         count = (2 << level) - 1  # nodes of levels 0..t
         nodes = self.store.nodes[1:count]  # (2^(t+1) - 2, F): every node below the root, down to level t
         s = torch.maximum(phi @ nodes.T, self.store.floor[1:count]).view(phi.shape[0], -1, 2)  # (N, pairs, 2)
-        branch = (s.log() - s.sum(2, keepdim=True).log()).nan_to_num(nan=float("-inf"))  # empty pairs: 0 / 0
+        branch = (s / s.sum(2, keepdim=True)).log().nan_to_num(nan=float("-inf"))  # empty pairs: 0 / 0
         table = self.ancestors(level, phi.device)  # (2^t, t)
         return branch.flatten(1).index_select(1, table.flatten()).view(phi.shape[0], -1, level).sum(2)  # (N, 2^t)
 
-    def descend(self, phi: Tensor, k: int, top: Tensor) -> tuple[Tensor, Tensor]:
-        """k walkers per query phi (N, F) (walker w belongs to query w // k), starting from ``top`` (N, 2^t), the
-        reach of level t: the buckets reached (W,) and each path's log-probability (W,)."""
-        n_query, feats = phi.shape
-        store, level = self.store, self.top
-        cdf = top.exp().cumsum(1)  # (N, 2^t)
-        below = cdf[:, -1:] * (1 - 2.0**-23)  # (N, 1) strictly below the total: a draw never passes the last node
-        target = torch.rand(n_query, k, device=phi.device) * below  # (N, k) uniform in [0, total)
-        start = torch.searchsorted(cdf, target, right=True)  # (N, k): first node whose cdf exceeds the target
-        log_path = top.gather(1, start).view(-1)  # (W,)
-        pos = start.view(-1) + ((1 << level) - 1)  # (W,) heap index of each walker's node
+    def descend(self, phi: Tensor, k: int, top: Tensor, known: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """k walkers per query phi (N, F), starting from ``top`` (N, 2^t), the reach of level t, and ``known``
+        buckets (N, j) walked down their own paths (their turns given, not drawn), so that their path probabilities
+        come from the same scores as the draws': walker w belongs to query w // (k + j), the known ones last. The
+        buckets reached (W,) and each path's log-probability (W,), W = N (k + j)."""
+        n_query = phi.shape[0]
+        store, level = self.store, top.shape[1].bit_length() - 1  # top: (N, 2^t)
         steps = store.depth - level
-        if steps == 0:
-            return pos - (store.num_buckets - 1), log_path
-        pairs = store.nodes[1:].view(-1, 2 * feats)  # row i: both children of heap node i
-        floor = store.floor[1:].view(-1, 2)
-        uniform = torch.rand(steps, n_query * k, 1, device=phi.device)
-        split = torch.cat([uniform - 1, uniform], 2)  # (steps, W, 2): right iff (u - 1) s_L + u s_R >= 0
-        qrow = torch.arange(n_query, device=phi.device).repeat_interleave(k)  # (W,) walker -> query
-        scores, turns = [], []
+        cdf = top.exp().cumsum(1)  # (N, 2^t)
+        target = torch.rand(n_query, k, device=phi.device) * cdf[:, -1:]  # (N, k) uniform in [0, total]
+        # the first node whose cdf reaches the target: never a node of probability 0 (its cdf equals its left
+        # neighbour's), so a target rounded up to the total takes the last node of positive probability
+        start = torch.searchsorted(cdf, target)  # (N, k)
+        walkers = k + (0 if known is None else known.shape[1])  # per query
+        # (steps, N, k + j, 2) (u - 1, u) per walker and level: go right iff (u - 1) s_L + u s_R >= 0
+        split = phi.new_empty(steps, n_query, walkers, 2)
+        if steps:
+            split[:, :, :k, 1].uniform_()
+        if known is not None and not steps:  # the known buckets are nodes of level t
+            start = torch.cat([start, known], 1)  # (N, k + j)
+        elif known is not None:  # u = 1 turns right ((u - 1) s_L + u s_R = s_R >= 0), u = 0 left (-s_L < 0)
+            bits = known.unsqueeze(0) >> self.shifts(steps, phi.device).view(-1, 1, 1)  # (steps + 1, N, j) ancestors
+            start = torch.cat([start, bits[0]], 1)  # (N, k + j): the known buckets' level-t ancestors
+            torch.bitwise_and(bits[1:], 1, out=split[:, :, k:, 1])
+        log_path = top.gather(1, start).view(-1)  # (W,)
+        if steps == 0:  # level t holds the buckets
+            return start.view(-1), log_path
+        torch.sub(split[..., 1], 1, out=split[..., 0])
+        bucket, log_walk = self._walk(phi, start.view(-1), split.view(steps, -1, 2), walkers, level)
+        return bucket, log_path + log_walk
+
+    def _walk(self, phi: Tensor, pos: Tensor, split: Tensor, k: int, level: int) -> tuple[Tensor, Tensor]:
+        """Walkers (k per query phi (N, F)) on the nodes ``pos`` (W,) of level t (their index in the level) descend
+        the last levels, turning right where ``split`` (levels, W, 2) . (s_L, s_R) >= 0: the buckets (W,) reached
+        and the log-probability (W,) of the turns taken. A node's children are entries 2i and 2i + 1 of the next
+        level, so each level is read through its own view and an index needs no offset."""
+        n_query = phi.shape[0]
+        steps, nodes, floors = split.shape[0], self.store.nodes, self.store.floor
+        scores = phi.new_empty(pos.shape[0], steps, 2)  # (W, steps, 2) each level's children's clamped scores
+        turns = torch.empty(pos.shape[0], steps, dtype=torch.long, device=pos.device)  # (W, steps) 1: right
+        qrow = None  # (W,) walker -> query, made for the first level scored whole (``_level_pairs``)
         for step in range(steps):  # WALKED_LEVELS steps at most, whatever n
-            width = 2 << (level + step)  # nodes on the children's level
+            width = 2 << (level + step)  # nodes on the children's level, from heap index width - 1
+            children, floor = nodes[width - 1 : 2 * width - 1], floors[width - 1 : 2 * width - 1]  # (width, F)
             if self.rule.dense(width, n_query, 2 * k, self.rule.dense_factor / LEVEL_GATHER_GAIN):
-                s = self._level_pairs(phi, pos, qrow, width)  # (W, 2) from one product with the level
+                qrow = torch.arange(n_query, device=phi.device).repeat_interleave(k) if qrow is None else qrow
+                self._level_pairs(phi, children, floor, torch.add(pos, qrow, alpha=width // 2), scores[:, step])
             else:
-                s = self._gathered_pairs(phi, pairs, floor, pos, k)  # (W, 2) from each walker's node
-            right = torch.bmm(s.unsqueeze(1), split[step].unsqueeze(2)).view(-1) >= 0  # (W,) u >= s_L / (s_L + s_R)
-            scores.append(s)
-            turns.append(right)
-            pos = torch.add(right, pos, alpha=2).add_(1)  # the chosen child's heap index
-        s = torch.stack(scores, 1)  # (W, steps, 2)
-        chosen = s.gather(2, torch.stack(turns, 1).long().unsqueeze(2)).squeeze(2)  # (W, steps)
-        return pos - (store.num_buckets - 1), log_path + (chosen / s.sum(2)).log().sum(1)
+                self._gathered_pairs(phi, children, floor, pos, k, scores[:, step])
+            right = torch.bmm(scores[:, step].unsqueeze(1), split[step].unsqueeze(2)).view(-1)  # (W,)
+            torch.ge(right, 0, out=turns[:, step])  # u >= s_L / (s_L + s_R)
+            pos = torch.add(turns[:, step], pos, alpha=2)  # the chosen child's index in its level
+        chosen = scores.gather(2, turns.unsqueeze(2)).squeeze(2)  # (W, steps)
+        return pos, (chosen / scores.sum(2)).log().sum(1)
 
-    def _level_pairs(self, phi: Tensor, pos: Tensor, qrow: Tensor, width: int) -> Tensor:
-        """Clamped scores (W, 2) of both children of each walker's node (heap index ``pos``), read from one product
-        of the queries with the ``width`` nodes of the children's level (``TreeWalk._level_scores``, unblocked)."""
-        level = slice(width - 1, 2 * width - 1)
-        table = torch.maximum(phi @ self.store.nodes[level].T, self.store.floor[level])  # (N, width)
-        row = torch.add(pos, qrow, alpha=width // 2) - (width // 2 - 1)  # (W,) row of the (N width / 2, 2) table
-        return table.view(-1, 2).index_select(0, row)
+    @staticmethod
+    def _level_pairs(phi: Tensor, children: Tensor, floor: Tensor, row: Tensor, out: Tensor) -> None:
+        """Clamped scores ``out`` (W, 2) of both children of each walker's node, read from one product of the queries
+        with the nodes ``children`` (width, F) of the children's level (``TreeWalk._level_scores``, unblocked);
+        ``row`` (W,): query x width / 2 + the node's index in its level."""
+        table = torch.maximum(phi @ children.T, floor)  # (N, width)
+        torch.index_select(table.view(-1, 2), 0, row, out=out)
 
-    def _gathered_pairs(self, phi: Tensor, pairs: Tensor, floor: Tensor, pos: Tensor, k: int) -> Tensor:
-        """Clamped scores (W, 2) of both children of each walker's node, gathered per walker (in blocks of queries
-        only where the device's memory budget requires them, ``TreeStore.blocks``)."""
-
-        def block(lo: int, hi: int) -> Tensor:
-            where = pos[lo * k : hi * k]
-            z = pairs.index_select(0, where).view(hi - lo, 2 * k, -1)  # (b, 2k, F)
-            raw = torch.bmm(phi[lo:hi].unsqueeze(1), z.transpose(1, 2)).view(-1, 2)  # (b k, 2)
-            return torch.maximum(raw, floor.index_select(0, where))
-
-        return self.store.blocks(block, phi.shape[0], 2 * k * phi.shape[1])
+    @staticmethod
+    def _gathered_pairs(phi: Tensor, children: Tensor, floor: Tensor, pos: Tensor, k: int, out: Tensor) -> None:
+        """Clamped scores ``out`` (W, 2) of both children (of the level's nodes ``children`` (width, F)) of each
+        walker's node (``pos``: its index in its level), gathered per walker (in blocks of queries only where the
+        device's memory budget requires them, ``TreeStore.blocks``' budget)."""
+        pairs = children.view(-1, 2 * children.shape[1])  # (width / 2, 2F) row i: both children of node i
+        raw = phi.new_empty(pos.shape[0], 2)  # (W, 2)
+        step = max(1, GPU_BLOCK_ELEMENTS // (2 * k * phi.shape[1]))  # queries per block
+        for lo in range(0, phi.shape[0], step):
+            hi = min(lo + step, phi.shape[0])
+            z = pairs.index_select(0, pos[lo * k : hi * k]).view(hi - lo, 2 * k, -1)  # (b, 2k, F)
+            torch.bmm(phi[lo:hi].unsqueeze(1), z.transpose(1, 2), out=raw[lo * k : hi * k].view(hi - lo, 1, 2 * k))
+        torch.maximum(raw, floor.view(-1, 2).index_select(0, pos), out=out)
 
     def path_log_q(self, phi: Tensor, bucket: Tensor, top: Tensor) -> Tensor:
         """Log-probability (N, k) that query i's walk reaches ``bucket[i, j]`` (N, k), phi (N, F), ``top`` its
         reach of level t (N, 2^t); one query phi (1, F) with ``top`` (1, 2^t) serves buckets of any shape."""
-        store, level = self.store, self.top
+        store, level = self.store, top.shape[1].bit_length() - 1  # top: (N, 2^t)
         steps = store.depth - level
         leaf = bucket + store.num_buckets  # 1-based heap index of each bucket
         if steps == 0:

@@ -46,20 +46,36 @@ class FixedDraws:
         return self.step(features.of_prepared(prepared), prepared)
 
     @staticmethod
-    def pick(log_weights: Tensor, ids: Tensor) -> tuple[Tensor, Tensor]:
-        """``TreeWalk.pick`` in fewer operators: Gumbel-max with -log E, E ~ Exp(1), as the Gumbel noise."""
-        noise = torch.empty_like(log_weights).exponential_()  # (W, L)
-        pick = (log_weights - noise.log()).argmax(1, keepdim=True)  # (W, 1)
-        log_in = log_weights.gather(1, pick).squeeze(1) - torch.logsumexp(log_weights, 1)
-        return ids.gather(1, pick).squeeze(1), log_in
+    def pick(log_weights: Tensor, ids: Tensor, known: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """``TreeWalk.pick`` in fewer operators (Gumbel-max with -log E, E ~ Exp(1), as the Gumbel noise) for
+        log weights and member ids (G, K, L) of G groups of K walkers: the ids (G, K) and the log in-bucket
+        probability (G, K) of every walker's pick, where the last j walkers take the given slots ``known`` (G, j)
+        instead of a draw."""
+        drawn = log_weights[:, : log_weights.shape[1] - (0 if known is None else known.shape[1])]  # (G, k, L)
+        noise = torch.empty_like(drawn).exponential_()  # (G, k, L)
+        pick = (drawn - noise.log()).argmax(2, keepdim=True)  # (G, k, 1)
+        if known is not None:
+            pick = torch.cat([pick, known.unsqueeze(2)], 1)  # (G, K, 1)
+        log_in = log_weights.gather(2, pick).squeeze(2) - torch.logsumexp(log_weights, 2)  # (G, K)
+        return ids.gather(2, pick).squeeze(2), log_in
 
     # --- per example ----------------------------------------------------------------------------
-    def sample(self, query: Tensor, phi: Tensor, num_samples: int, step: FixedStep | None) -> tuple[Tensor, Tensor]:
-        """query (N, d), its features phi (N, F) -> ids (N, m) drawn per example and their exact log q (N, m)."""
+    def sample(
+        self, query: Tensor, phi: Tensor, num_samples: int, step: FixedStep | None, known: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """query (N, d), its features phi (N, F) -> ids (N, m + j): m drawn per example, then the ``known`` ids
+        (N, j) (none without), and their exact log q (N, m + j): the known ids' walkers go down the same walk as
+        the draws' (``FixedWalk.descend``), and one scoring serves every walker's bucket."""
+        n_query = query.shape[0]
         step = self.step(phi) if step is None else step
-        bucket, log_path = self.walk.descend(phi, num_samples, step.top)  # (W,) each
-        ids, log_in = self.pick(*self.scorer.kernel(query, bucket, num_samples, step.prepared))  # (W,) each
-        return ids.view(-1, num_samples), (log_path + log_in).view(-1, num_samples)
+        size = self.store.bucket_size
+        forced = None if known is None else torch.div(known, size, rounding_mode="floor")  # (N, j)
+        bucket, log_path = self.walk.descend(phi, num_samples, step.top, forced)  # (W,) each, W = N (m + j)
+        per_query = bucket.numel() // n_query
+        logk, members = self.scorer.kernel(query, bucket, per_query, step.prepared)  # (W, L) each
+        slots = None if known is None else torch.remainder(known, size)  # (N, j)
+        ids, log_in = self.pick(logk.view(n_query, per_query, -1), members.view(n_query, per_query, -1), slots)
+        return ids, log_path.view(n_query, per_query) + log_in  # (N, m + j) each
 
     def log_q(self, query: Tensor, phi: Tensor, ids: Tensor, step: FixedStep | None) -> Tensor:
         """Exact log q (N, k) of any ids (N, k)."""
@@ -72,13 +88,20 @@ class FixedDraws:
         return self.walk.path_log_q(phi, bucket, step.top) + log_in
 
     # --- batch-shared: the mixture of the batch's proposals -------------------------------------
-    def sample_mixture(self, psi: Tensor, num_samples: int, step: FixedStep | None) -> tuple[Tensor, Tensor]:
-        """m ids (m,) drawn with psi's walk and their exact log q-bar (m,)."""
+    def sample_mixture(
+        self, psi: Tensor, num_samples: int, step: FixedStep | None, known: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """ids (m + K,): m drawn with psi's walk, then the ``known`` ids (K,) (none without), and their exact log
+        q-bar (m + K,): the known ids walk down the same walk."""
         phi = psi.unsqueeze(0)  # (1, F)
         step = self.step(phi) if step is None else step
-        bucket, log_path = self.walk.descend(phi, num_samples, step.top)  # (m,) each
-        ids, log_in = self.pick(*self.scorer.mixture_direct(psi, bucket))  # (m,) each
-        return ids, log_path + log_in
+        size = self.store.bucket_size
+        forced = None if known is None else torch.div(known, size, rounding_mode="floor").unsqueeze(0)  # (1, K)
+        bucket, log_path = self.walk.descend(phi, num_samples, step.top, forced)  # (m + K,) each
+        logw, members = self.scorer.mixture_direct(psi, bucket)  # (m + K, L) each
+        slots = None if known is None else torch.remainder(known, size).unsqueeze(0)  # (1, K)
+        ids, log_in = self.pick(logw.unsqueeze(0), members.unsqueeze(0), slots)  # (1, m + K) each
+        return ids[0], log_path + log_in[0]
 
     def log_q_mixture(self, psi: Tensor, ids: Tensor, step: FixedStep | None) -> Tensor:
         """Exact log q-bar of any ids (any shape), the same shape: every id's bucket scored where it stands."""

@@ -46,19 +46,26 @@ class KernelProposal(Proposal):
             log_q = mix.mix(tree.log_q_all(query, self.phi))  # (N, n)
             ids = torch.multinomial(log_q.exp(), num_samples, replacement=True)  # (N, m)
             return ids, log_q.gather(1, ids)
+        expected = getattr(self, "_expected", None)
+        if self.fixed is not None and expected is not None:  # GPU paths: the targets walk down with the draws
+            return self._sample_with_expected(num_kernel, num_unigram, expected)
         ids, log_q = tree.sample(query, num_kernel, self.phi, self.fixed)  # (N, m_k) each
         if not num_unigram:
             return ids, log_q
         extra = mix.draw(query.shape[0], num_unigram)  # (N, m_u)
-        expected = getattr(self, "_expected", None)
-        if self.fixed is not None and expected is not None:  # GPU paths: the targets' log q comes along
-            asked = torch.cat([extra, expected], 1)  # (N, m_u + 1)
-            ids = torch.cat([ids, asked], 1)  # (N, m + 1)
-            log_q = mix.mix(torch.cat([log_q, tree.log_q(query, asked, self.phi, self.fixed)], 1), ids)
-            self.remember(log_q[:, num_samples:])  # (N, 1)
-            return ids[:, :num_samples], log_q[:, :num_samples]
         ids = torch.cat([ids, extra], 1)  # (N, m)
         return ids, mix.mix(torch.cat([log_q, tree.log_q_many(query, extra, self.phi, self.fixed)], 1), ids)
+
+    def _sample_with_expected(self, num_kernel: int, num_unigram: int, expected: Tensor) -> tuple[Tensor, Tensor]:
+        """The GPU paths' draws with the expected ids' log q (``remember``): the unigram's ids (N, m_u) and the
+        expected ones (N, j) are walked down by the kernel draws' walk (``FixedDraws.sample``), one scoring for all."""
+        mix = self.unigram
+        asked = expected if not num_unigram else torch.cat([mix.draw(self.query.shape[0], num_unigram), expected], 1)
+        ids, log_q = self.tree.fixed.sample(self.query, self.phi, num_kernel, self.fixed, asked)  # (N, m + j) each
+        log_q = log_q if mix is None else mix.mix(log_q, ids)
+        num_samples = num_kernel + num_unigram
+        self.remember(log_q[:, num_samples:])  # (N, j)
+        return ids[:, :num_samples], log_q[:, :num_samples]
 
     def log_q(self, ids: Tensor) -> Tensor:
         known = self.known_log_q(ids)  # computed with the draws
@@ -82,25 +89,32 @@ class MixtureProposal(Proposal):
     def __init__(self, tree: KernelTree, query: Tensor, unigram: UnigramShare | None) -> None:
         self.tree, self.unigram = tree, unigram
         self.psi = tree.mixture(query)  # (F,)
-        self.scores = tree.bucket_scores(self.psi)
         self.fixed = tree.fixed_step(phi=self.psi.unsqueeze(0))  # on the GPU paths, else None
+        self.scores = tree.bucket_scores(self.psi) if self.fixed is None else None  # the CPU paths' table
 
     def sample(self, num_samples: int) -> tuple[Tensor, Tensor]:
         tree, psi, mix = self.tree, self.psi, self.unigram
         num_kernel, num_unigram = mix.split(num_samples) if mix is not None else (num_samples, 0)
+        expected = getattr(self, "_expected", None)
+        if self.fixed is not None and expected is not None:  # GPU paths: the targets walk down with the draws
+            return self._sample_with_expected(num_kernel, num_unigram, expected)
         ids, log_q = tree.sample_mixture(psi, num_kernel, self.scores, self.fixed)  # (m_k,) each
         if not num_unigram:  # no unigram share, or m too small for one unigram draw
             return ids, log_q
         extra = mix.draw(num_unigram)  # (m_u,)
-        expected = getattr(self, "_expected", None)
-        if self.fixed is not None and expected is not None:  # GPU paths: the targets' log q comes along
-            asked = torch.cat([extra, expected.reshape(-1)])  # (m_u + N,)
-            ids = torch.cat([ids, asked])  # (m + N,)
-            log_q = mix.mix(torch.cat([log_q, tree.log_q_mixture(psi, asked, self.scores, self.fixed)]), ids)
-            self.remember(log_q[num_samples:].view(expected.shape))
-            return ids[:num_samples], log_q[:num_samples]
         ids = torch.cat([ids, extra])  # (m,)
         return ids, mix.mix(torch.cat([log_q, tree.log_q_mixture(psi, extra, self.scores, self.fixed)]), ids)
+
+    def _sample_with_expected(self, num_kernel: int, num_unigram: int, expected: Tensor) -> tuple[Tensor, Tensor]:
+        """The GPU paths' draws with the expected ids' log q-bar (``remember``): the unigram's ids (m_u,) and the
+        expected ones (any shape) are walked down by psi's walk (``FixedDraws.sample_mixture``), one scoring for all."""
+        mix, flat = self.unigram, expected.reshape(-1)
+        asked = flat if not num_unigram else torch.cat([mix.draw(num_unigram), flat])  # (m_u + K,)
+        ids, log_q = self.tree.fixed.sample_mixture(self.psi, num_kernel, self.fixed, asked)  # (m + K,) each
+        log_q = log_q if mix is None else mix.mix(log_q, ids)
+        num_samples = num_kernel + num_unigram
+        self.remember(log_q[num_samples:].view(expected.shape))
+        return ids[:num_samples], log_q[:num_samples]
 
     def log_q(self, ids: Tensor) -> Tensor:
         known = self.known_log_q(ids)  # computed with the draws

@@ -143,9 +143,9 @@ class TreeStore(DeviceAware, nn.Module):
                 children = pairs.index_select(0, heap[lo : lo + step])  # (h, 2, F)
                 self.nodes.index_copy_(0, heap[lo : lo + step], torch.add(children[:, 0], children[:, 1]))
 
-    def resum_levels(self, heap: Tensor) -> None:
-        """Every internal node of a heap array := left child + right child, bottom-up."""
-        for level in reversed(range(self.depth)):
+    def resum_levels(self, heap: Tensor, stop: int = 0) -> None:
+        """Every internal node of a heap array down from level ``stop`` := left child + right child, bottom-up."""
+        for level in reversed(range(stop, self.depth)):
             lo, hi = (1 << level) - 1, (2 << level) - 1
             torch.add(heap[hi : 2 * hi + 1 : 2], heap[hi + 1 : 2 * hi + 1 : 2], out=heap[lo:hi])  # no temporary
 

@@ -69,7 +69,11 @@ class KernelTree(DeviceAware, nn.Module):
         """On the GPU paths, what a step's draws and log q share (``FixedStep``): for the queries (N, d) their
         kernel form, features and reach of the top levels, or for features ``phi`` (1, F) (a mixture's psi) the
         reach; None on a CPU."""
-        return self.fixed.step_of(self.features, query, phi) if self.gpu_paths else None
+        if not self.gpu_paths:
+            return None
+        if query is not None:
+            self._check(query)
+        return self.fixed.step_of(self.features, query, phi)
 
     # --- the store: building and the shape of the tree --------------------------------------------
     def rebuild(self, weight: Tensor) -> None:

@@ -36,6 +36,8 @@ class UnigramShare(nn.Module):
         self.nominal = float(share)
         self.share = float(share)
         self.unigram = UnigramSampler(num_classes or counts.numel(), counts, power=1.0)
+        self._scaled: Tensor | None = None  # ``scaled_log_u``'s table, for the key below
+        self._scaled_key: tuple[float, torch.dtype, torch.device] | None = None
 
     def split(self, num_samples: int) -> tuple[int, int]:
         """(kernel draws, unigram draws) per position for m = ``num_samples``; sets ``share`` to their ratio."""
@@ -52,6 +54,15 @@ class UnigramShare(nn.Module):
         every class when ``ids`` is None (log_kernel (..., n))."""
         if self.share == 0.0:
             return log_kernel
-        log_u = self.unigram.log_probs.to(log_kernel.dtype)
+        log_u = self.scaled_log_u(log_kernel.dtype)  # (n,) log(s' u)
         log_u = log_u if ids is None else log_u[ids]
-        return torch.logaddexp(log_kernel + math.log1p(-self.share), log_u + math.log(self.share))
+        return torch.logaddexp(log_kernel + math.log1p(-self.share), log_u)
+
+    def scaled_log_u(self, dtype: torch.dtype) -> Tensor:
+        """log(s' u) of every class, (n,) in ``dtype``: made once per share, dtype and device (the same values as
+        adding log s' to log u where it is read)."""
+        probs = self.unigram.log_probs
+        key = (self.share, dtype, probs.device)
+        if key != self._scaled_key:
+            self._scaled, self._scaled_key = probs.to(dtype) + math.log(self.share), key
+        return self._scaled
