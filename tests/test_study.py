@@ -11,7 +11,7 @@ from lmtrain.study.__main__ import main as study_main
 from lmtrain.study.docs import fill_page, stale_page
 from lmtrain.study.records import append_record, read_records
 from lmtrain.study.render import check, render, render_table
-from lmtrain.study.runner import pending_runs, run_study
+from lmtrain.study.runner import outcome, pending_runs, run_study
 from lmtrain.study.spec import StudyError, find_spec, load_spec, package_studies, parse_spec
 from lmtrain.study.stats import CellStats, verdict
 
@@ -289,3 +289,12 @@ def test_comparison_words_beside_numbers_agree_with_the_verdict_rule():
                     wrong.append((page, f"{a} vs {b}: written {said[0]}, the rule says {rule}", clause))
     assert checked >= 20  # the pages do make comparisons
     assert not wrong, "comparison words that disagree with the verdict rule:\n" + "\n".join(map(str, wrong))
+
+
+def test_a_run_without_a_test_shows_its_val_ppl_not_a_failure():
+    # runs at equal training time have no test: their summary line used to read "failed: None"
+    assert outcome({"test": {"ppl": 101.234}, "best_val_ppl": 99.0}, None) == "test ppl 101.23"
+    assert outcome({"test": None, "best_val_ppl": 539.154}, None) == "best val ppl 539.15"
+    assert outcome({"best_val_ppl": 12.0}, "lmtrain: error: training loss became nan") == (
+        "failed: lmtrain: error: training loss became nan"
+    )

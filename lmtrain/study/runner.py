@@ -89,9 +89,18 @@ def execute(spec: StudySpec, run: Run, root: Path, runs_root: Path, code: dict[s
         return f"{run.key}: no record ({error}); see {log}"
     record = build_record(spec.name, run, folder, _threads(folder), time.perf_counter() - started, error, code)
     append_record(records_path(spec, root), record)
+    return f"{run.key}: {outcome(record, error)} ({record['wall_seconds']:.0f} s)"
+
+
+def outcome(record: dict[str, Any], error: str | None) -> str:
+    """A finished run in a few words: its test ppl, else (a run without a test, e.g. at equal training time) its
+    best val ppl, else why it failed."""
     test = (record.get("test") or {}).get("ppl")
-    shown = f"test ppl {test:.2f}" if test is not None else f"failed: {error}"
-    return f"{run.key}: {shown} ({record['wall_seconds']:.0f} s)"
+    if test is not None:
+        return f"test ppl {test:.2f}"
+    if error is None and record.get("best_val_ppl") is not None:
+        return f"best val ppl {record['best_val_ppl']:.2f}"
+    return f"failed: {error}"
 
 
 def _trained(folder: Path) -> bool:
