@@ -188,6 +188,21 @@ def test_sampler_logs_once_when_a_dense_optimizer_forces_rebuilds(caplog):
     torch.testing.assert_close(sampler.tree.nodes, fresh.nodes)
 
 
+def test_sampler_does_not_blame_the_optimizer_for_a_load_after_sparse_steps(caplog):
+    # a training run's sparse steps, then the best checkpoint loaded for the test: one rebuild, no dense optimizer
+    sampler = KernelSampler(QuadraticFeatures(), options=KernelOptions(leaf_size=4))
+    weight = augmented(40, 3, seed=9)
+    query = torch.cat([torch.randn(2, 3), torch.ones(2, 1)], 1)
+    with caplog.at_level("INFO", logger="lmtrain"):
+        sampler.update(weight)
+        for _ in range(3):
+            ids, _ = sampler.sample(query, 5)
+            weight[ids.reshape(-1)] += 0.01
+            sampler.update(weight, ids.reshape(-1))  # sparse optimizer: the changed rows
+        sampler.update(weight)  # the load
+    assert not caplog.records
+
+
 def test_bad_settings_raise_value_errors():
     with pytest.raises(ValueError, match="leaf_size"):
         KernelTree(QuadraticFeatures(), leaf_size=0)

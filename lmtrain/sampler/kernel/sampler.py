@@ -56,7 +56,7 @@ class KernelSampler(Sampler):
         share = opts.unigram_share
         self.unigram = UnigramShare(share, num_classes, counts) if share else None
         self.shared = False  # the mode; the output strategy sets it (share_negatives)
-        self._drawn_since_rebuild = False
+        self._drawn_since_refresh = False
         self._told_dense = False
 
     @property
@@ -73,7 +73,7 @@ class KernelSampler(Sampler):
     def propose(self, hidden: Tensor | None, inputs: Tensor | None = None) -> KernelProposal | MixtureProposal:
         """This step's proposal for the queries ``hidden`` (N, d'): the mixture of their proposals when the
         negatives are shared by the batch, else one per position."""
-        self._drawn_since_rebuild = True
+        self._drawn_since_refresh = True
         proposal = MixtureProposal if self.shared else KernelProposal
         return proposal(self.tree, self._context(hidden), self.unigram)
 
@@ -96,11 +96,12 @@ class KernelSampler(Sampler):
         built = self.tree.weight is not None and self.tree.weight.shape == weight.shape
         if built and rows is not None:
             self.tree.update(weight, rows)
+            self._drawn_since_refresh = False  # a rebuild next (a checkpoint load) is not a dense step's
             return
         start = time.perf_counter()
         self.tree.rebuild(weight)
         seconds = time.perf_counter() - start
-        if built and self._drawn_since_rebuild and not self._told_dense:
+        if built and self._drawn_since_refresh and not self._told_dense:
             self._told_dense = True
             log.info(
                 "kernel sampler: the optimizer changes every class row (dense gradients), so the tree "
@@ -109,7 +110,7 @@ class KernelSampler(Sampler):
                 self.tree.num_classes,
                 1000 * seconds,
             )
-        self._drawn_since_rebuild = False
+        self._drawn_since_refresh = False
 
 
 class QuadraticSampler(KernelSampler):
