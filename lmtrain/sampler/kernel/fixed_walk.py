@@ -53,13 +53,17 @@ class FixedWalk:
     ) -> None:
         self.store, self.rule = store, rule  # the rule: ``TreeWalk.dense``, one product per level or gathers
         self.walked, self.scored = walked, scored
+        self.single_reads = GPU_BLOCK_ELEMENTS  # node values one query's product may read to score the tree whole
         self._ancestors: dict[tuple[int, torch.device], Tensor] = {}
 
     def top(self, n_query: int) -> int:
         """t: the level whose nodes ``top_reach`` gives the probability of for ``n_query`` queries (0: the root,
         nothing scored whole); below ``scored`` where the reach's temporaries (N x 2^t x t) would pass the GPU
-        paths' memory budget."""
+        paths' memory budget. One query (a mixture's psi) scores the whole tree, no level walked, where its product
+        (a matrix-vector product) reads at most ``single_reads`` node values."""
         depth = self.store.depth
+        if n_query == 1 and ((2 << depth) - 2) * self.store.nodes.shape[1] <= self.single_reads:
+            return depth
         level = max(0, depth - self.walked, min(depth, self.scored))
         while level > max(0, depth - self.walked) and n_query * (level << level) > GPU_BLOCK_ELEMENTS:
             level -= 1
