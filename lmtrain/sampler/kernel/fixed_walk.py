@@ -8,7 +8,9 @@ once and the walkers only descend the last levels (``WALKED_LEVELS`` at most) by
    min(depth, SCORED_LEVELS)): a tree of up to 2^SCORED_LEVELS buckets is scored whole) gives each node's clamped
    score, hence every branch probability of those levels; the log-probability of reaching each node of level t is
    the sum of its ancestors' branch log-probabilities (one gather through a fixed ancestor table, one sum). This is
-   the walk's own probability of arriving there, not an approximation.
+   the walk's own probability of arriving there, not an approximation. One query (a batch's mixture psi) has t = the
+   whole depth where its product, a matrix-vector product, reads at most ``single_reads`` node values (the GPU
+   paths' budget, 2^30: at 10^6 RFF classes, 2^18 nodes of 2,048 features, 537 M values): no level is walked.
 2. ``descend``: each walker draws its level-t node from that distribution (inverse CDF: a cumulative sum and a
    sorted search) and descends the remaining levels as ``TreeWalk`` does, gathering its node's children. Known
    buckets (a step's targets) walk down with the draws, their turns given by their index's bits instead of drawn,
