@@ -47,8 +47,8 @@ class FixedWalk:
     """``TreeWalk``'s descent and path probabilities with a fixed operator count (see the module docstring).
 
     It reads the store's tensors at every call, like ``TreeWalk``. The top levels are scored whole by
-    ``top_reach``: the first ``scored`` levels at least, and all but the last ``walked`` at least; walkers descend
-    the rest by gathers."""
+    ``top_reach``: the first ``scored`` levels at least, and all but the last ``walked`` at least (one query: every
+    level, within ``single_reads`` node values); walkers descend the rest by gathers."""
 
     def __init__(
         self, store: TreeStore, rule: TreeWalk, walked: int = WALKED_LEVELS, scored: int = SCORED_LEVELS
