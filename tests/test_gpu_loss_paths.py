@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from lmtrain.common.execution import set_execution
-from lmtrain.tools.launches import synthetic_counts
+from lmtrain.output.sampled import cosine
+from lmtrain.tools.launches import DispatchCounter, synthetic_counts
 from lmtrain.training.build import build_output
 from lmtrain.training.optim import merge_repeats
 from tests.conftest import make_config
@@ -45,6 +46,22 @@ def loss_and_grads(output, hidden, target, inputs, execution: str):
 
 @pytest.mark.parametrize("overrides", OUTPUTS, ids=lambda o: " ".join(o))
 def test_gpu_path_losses_equal_the_cpu_paths(overrides):
+    assert_paths_agree(overrides)
+
+
+@pytest.mark.parametrize("joint", [True, False])
+def test_shared_cosine_scores_gather_targets_and_negatives_once_up_to_a_size(joint, monkeypatch):
+    """The cosine softmax's shared negatives: up to ``JOINT_POSITIONS`` positions one gather of the targets' and the
+    negatives' rows and one product (the targets on its diagonal), beyond it two; both equal the CPU path's."""
+    monkeypatch.setattr(cosine, "JOINT_POSITIONS", N if joint else N - 1)
+    with DispatchCounter() as counter:
+        assert_paths_agree(["output=rff", "sampler=uniform", "output.shared_negatives=true"], paths=("gpu",))
+    assert counter.counts.by_op["index"] == (1 if joint else 2)  # building and a step index nothing else
+    assert_paths_agree(["output=rff", "sampler=uniform", "output.shared_negatives=true"])
+
+
+def assert_paths_agree(overrides: list[str], paths: tuple[str, ...] = ("cpu", "gpu")) -> None:
+    """The GPU path's loss and gradients equal the CPU path's (with one path given: only run it)."""
     counts = synthetic_counts(CLASSES)
     stream = torch.multinomial(counts.double(), 5000, replacement=True, generator=torch.Generator().manual_seed(0))
     torch.manual_seed(0)
@@ -55,6 +72,9 @@ def test_gpu_path_losses_equal_the_cpu_paths(overrides):
     hidden = torch.randn(N, DIM, dtype=torch.float64)
     target = torch.multinomial(counts.double(), N, replacement=True)
     inputs = torch.multinomial(counts.double(), N, replacement=True)
+    if len(paths) == 1:
+        loss_and_grads(output, hidden, target, inputs, paths[0])
+        return
     cpu = loss_and_grads(output, hidden, target, inputs, "cpu")
     gpu = loss_and_grads(output, hidden, target, inputs, "gpu")
     torch.testing.assert_close(gpu[0], cpu[0], rtol=1e-10, atol=1e-12)

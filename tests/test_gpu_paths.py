@@ -23,10 +23,11 @@ def sampler(kind: str, shared: bool, n: int = 300, d: int = 6):
     return made
 
 
-@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("shared", [False, True, "whole"])
 @pytest.mark.parametrize("kind", ["rff", "quadratic"])
 def test_gpu_paths_give_the_cpu_paths_log_q_and_keep_the_targets(kind, shared):
-    made = sampler(kind, shared)
+    """Per position, and batch-shared with psi walking the last levels or (``whole``) scoring the whole tree."""
+    made = sampler(kind, bool(shared))
     gen = torch.Generator().manual_seed(1)
     query = torch.randn(5, 6, generator=gen)
     targets = torch.randint(0, 300, (5, 1), generator=gen)
@@ -35,7 +36,10 @@ def test_gpu_paths_give_the_cpu_paths_log_q_and_keep_the_targets(kind, shared):
     expected_targets, expected_others = cpu.log_q(targets), cpu.log_q(others)
 
     set_execution(made, Execution.gpu)
-    made.tree.fixed.walk.walked, made.tree.fixed.walk.scored = 2, 0  # a tree of 6 levels: 4 scored whole, 2 walked
+    walk = made.tree.fixed.walk
+    walk.walked, walk.scored = 2, 0  # a tree of 6 levels: 4 scored whole, 2 walked
+    walk.single_reads = walk.single_reads if shared == "whole" else 0  # one query: every level scored at once
+    assert (walk.top(1) == made.tree.depth) == (shared == "whole") and walk.top(5) == made.tree.depth - 2
     gpu = made.propose(query)
     torch.testing.assert_close(gpu.log_q(others), expected_others, rtol=1e-5, atol=1e-5)
     gpu.expect(targets)

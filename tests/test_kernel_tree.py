@@ -45,8 +45,8 @@ def make_tree(
     tree = KernelTree(make_features(kind), leaf_size=leaf_size, dense_factor=PATHS[path], chunk_elements=chunk, **kw)
     if path.startswith("gpu"):
         tree.use_gpu_paths(True)
-        if path != "gpu_whole":
-            tree.fixed.walk.walked, tree.fixed.walk.scored = GPU_WALKED_LEVELS, 0
+        if path != "gpu_whole":  # one query (a mixture's psi) walks too: no tree scored whole for it
+            tree.fixed.walk.walked, tree.fixed.walk.scored, tree.fixed.walk.single_reads = GPU_WALKED_LEVELS, 0, 0
     tree.rebuild(weight)
     return tree
 

@@ -66,7 +66,7 @@ class FeatureMap(nn.Module):
         """sum_i c_i phi(x_i) with c_i ∝ 1 / max(<phi(x_i), root>, floor), sum_i c_i = 1 (``KernelTree.mixture``):
         phi of the N vectors (N, d) is formed once."""
         phi = self(x)  # (N, F)
-        inv_z = 1.0 / torch.maximum(phi @ root, floor)
+        inv_z = torch.maximum(phi @ root, floor).reciprocal()  # 1 / Z_i, (N,)
         return (inv_z / inv_z.sum()) @ phi
 
 
@@ -145,7 +145,7 @@ class QuadraticFeatures(FeatureMap):
         return bucket_size * in_features + 2 * self.out_features(in_features)
 
     def mixture(self, x: Tensor, root: Tensor, floor: Tensor) -> Tensor:
-        inv_z = 1.0 / torch.maximum(self.inner(root, x), floor)  # (N,): no (N, F) features of x are formed
+        inv_z = torch.maximum(self.inner(root, x), floor).reciprocal()  # (N,): no (N, F) features of x formed
         return self.weighted_sum(x, inv_z / inv_z.sum())
 
     def extra_repr(self) -> str:

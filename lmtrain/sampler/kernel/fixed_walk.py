@@ -8,7 +8,9 @@ once and the walkers only descend the last levels (``WALKED_LEVELS`` at most) by
    min(depth, SCORED_LEVELS)): a tree of up to 2^SCORED_LEVELS buckets is scored whole) gives each node's clamped
    score, hence every branch probability of those levels; the log-probability of reaching each node of level t is
    the sum of its ancestors' branch log-probabilities (one gather through a fixed ancestor table, one sum). This is
-   the walk's own probability of arriving there, not an approximation.
+   the walk's own probability of arriving there, not an approximation. One query (a batch's mixture psi) has t = the
+   whole depth where its product, a matrix-vector product, reads at most ``single_reads`` node values (the GPU
+   paths' budget, 2^30: at 10^6 RFF classes, 2^18 nodes of 2,048 features, 537 M values): no level is walked.
 2. ``descend``: each walker draws its level-t node from that distribution (inverse CDF: a cumulative sum and a
    sorted search) and descends the remaining levels as ``TreeWalk`` does, gathering its node's children. Known
    buckets (a step's targets) walk down with the draws, their turns given by their index's bits instead of drawn,
@@ -45,21 +47,25 @@ class FixedWalk:
     """``TreeWalk``'s descent and path probabilities with a fixed operator count (see the module docstring).
 
     It reads the store's tensors at every call, like ``TreeWalk``. The top levels are scored whole by
-    ``top_reach``: the first ``scored`` levels at least, and all but the last ``walked`` at least; walkers descend
-    the rest by gathers."""
+    ``top_reach``: the first ``scored`` levels at least, and all but the last ``walked`` at least (one query: every
+    level, within ``single_reads`` node values); walkers descend the rest by gathers."""
 
     def __init__(
         self, store: TreeStore, rule: TreeWalk, walked: int = WALKED_LEVELS, scored: int = SCORED_LEVELS
     ) -> None:
         self.store, self.rule = store, rule  # the rule: ``TreeWalk.dense``, one product per level or gathers
         self.walked, self.scored = walked, scored
+        self.single_reads = GPU_BLOCK_ELEMENTS  # node values one query's product may read to score the tree whole
         self._ancestors: dict[tuple[int, torch.device], Tensor] = {}
 
     def top(self, n_query: int) -> int:
         """t: the level whose nodes ``top_reach`` gives the probability of for ``n_query`` queries (0: the root,
         nothing scored whole); below ``scored`` where the reach's temporaries (N x 2^t x t) would pass the GPU
-        paths' memory budget."""
+        paths' memory budget. One query (a mixture's psi) scores the whole tree, no level walked, where its product
+        (a matrix-vector product) reads at most ``single_reads`` node values."""
         depth = self.store.depth
+        if n_query == 1 and ((2 << depth) - 2) * self.store.nodes.shape[1] <= self.single_reads:
+            return depth
         level = max(0, depth - self.walked, min(depth, self.scored))
         while level > max(0, depth - self.walked) and n_query * (level << level) > GPU_BLOCK_ELEMENTS:
             level -= 1

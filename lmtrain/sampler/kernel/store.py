@@ -214,7 +214,7 @@ class TreeStore(DeviceAware, nn.Module):
         slots = self.slots
         if slots.numel() != self.bucket_size or slots.device != buckets.device:
             self.slots = slots = torch.arange(self.bucket_size, device=buckets.device)  # (L,), kept: one launch less
-        return buckets.unsqueeze(-1) * self.bucket_size + slots  # (..., L)
+        return torch.add(slots, buckets.unsqueeze(-1), alpha=self.bucket_size)  # (..., L) bucket x L + slot
 
     def members(self, buckets: Tensor) -> tuple[Tensor, Tensor]:
         """Rows (..., L, d) of the classes in ``buckets`` (...) and their validity mask (..., L)."""
