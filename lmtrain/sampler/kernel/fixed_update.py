@@ -141,7 +141,7 @@ class FixedUpdate:
         torch.ne(rows[1:], rows[:-1], out=counted[1:])
         new = store.features(weight.index_select(0, rows)).to(cache.table.dtype)  # (R, F) as the cache stores it
         old = cache.table.index_select(0, rows)  # (R, F): what the tree's sums hold for these rows
-        # old is promoted inside the subtraction (no cast of its own), exactly as a cast would round it: none
+        # old (the cache's dtype) is promoted to the nodes' inside the subtraction: a cast's values, one operator fewer
         delta = torch.sub(new.to(store.nodes.dtype), old) * counted.unsqueeze(1)  # (R, F) in the nodes' dtype
         bucket = torch.div(rows, store.bucket_size, rounding_mode="floor")  # (R,)
         store.nodes[store.num_buckets - 1 :].index_add_(0, bucket, delta)  # the leaves

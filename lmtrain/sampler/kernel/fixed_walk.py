@@ -51,11 +51,16 @@ class FixedWalk:
     level, within ``single_reads`` node values); walkers descend the rest by gathers."""
 
     def __init__(
-        self, store: TreeStore, rule: TreeWalk, walked: int = WALKED_LEVELS, scored: int = SCORED_LEVELS
+        self,
+        store: TreeStore,
+        rule: TreeWalk,
+        walked: int = WALKED_LEVELS,
+        scored: int = SCORED_LEVELS,
+        single_reads: int = GPU_BLOCK_ELEMENTS,
     ) -> None:
         self.store, self.rule = store, rule  # the rule: ``TreeWalk.dense``, one product per level or gathers
         self.walked, self.scored = walked, scored
-        self.single_reads = GPU_BLOCK_ELEMENTS  # node values one query's product may read to score the tree whole
+        self.single_reads = single_reads  # node values one query's product may read to score the tree whole
         self._ancestors: dict[tuple[int, torch.device], Tensor] = {}
 
     def top(self, n_query: int) -> int:

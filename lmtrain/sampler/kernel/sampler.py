@@ -94,14 +94,15 @@ class KernelSampler(Sampler):
 
     def update(self, weight: Tensor, rows: Tensor | None = None) -> None:
         built = self.tree.weight is not None and self.tree.weight.shape == weight.shape
+        # draws since the last update or rebuild: a rebuild right after them is a dense step's, not a checkpoint load's
+        drawn, self._drawn_since_refresh = self._drawn_since_refresh, False
         if built and rows is not None:
             self.tree.update(weight, rows)
-            self._drawn_since_refresh = False  # a rebuild next (a checkpoint load) is not a dense step's
             return
         start = time.perf_counter()
         self.tree.rebuild(weight)
         seconds = time.perf_counter() - start
-        if built and self._drawn_since_refresh and not self._told_dense:
+        if built and drawn and not self._told_dense:
             self._told_dense = True
             log.info(
                 "kernel sampler: the optimizer changes every class row (dense gradients), so the tree "
@@ -110,7 +111,6 @@ class KernelSampler(Sampler):
                 self.tree.num_classes,
                 1000 * seconds,
             )
-        self._drawn_since_refresh = False
 
 
 class QuadraticSampler(KernelSampler):
