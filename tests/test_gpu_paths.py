@@ -9,29 +9,32 @@ import torch
 from lmtrain.common.execution import Execution, resolve_execution, set_execution
 from lmtrain.sampler import QuadraticSampler, RFFSampler
 from lmtrain.tools.launches import synthetic_counts
+from tests.conftest import DEVICES
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def sampler(kind: str, shared: bool, n: int = 300, d: int = 6):
+def sampler(kind: str, shared: bool, n: int = 300, d: int = 6, device: str = "cpu"):
     counts = synthetic_counts(n)
     options = {"unigram_share": 0.25, "num_classes": n, "counts": counts}
     made = RFFSampler(D=32, leaf_size=4, **options) if kind == "rff" else QuadraticSampler(leaf_size=4, **options)
     made.share_negatives(shared)
     weight = 0.3 * torch.randn(n, d, generator=torch.Generator().manual_seed(0))
-    made.update(weight)
+    made.to(device).update(weight.to(device))
     return made
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shared", [False, True, "whole"])
 @pytest.mark.parametrize("kind", ["rff", "quadratic"])
-def test_gpu_paths_give_the_cpu_paths_log_q_and_keep_the_targets(kind, shared):
-    """Per position, and batch-shared with psi walking the last levels or (``whole``) scoring the whole tree."""
-    made = sampler(kind, bool(shared))
+def test_gpu_paths_give_the_cpu_paths_log_q_and_keep_the_targets(kind, shared, device):
+    """Per position, and batch-shared with psi walking the last levels or (``whole``) scoring the whole tree; on a
+    GPU too, where the walked levels with known targets once failed (a bitwise op into a float tensor)."""
+    made = sampler(kind, bool(shared), device=device)
     gen = torch.Generator().manual_seed(1)
-    query = torch.randn(5, 6, generator=gen)
-    targets = torch.randint(0, 300, (5, 1), generator=gen)
-    others = torch.randint(0, 300, (5, 7), generator=gen)
+    query = torch.randn(5, 6, generator=gen).to(device)
+    targets = torch.randint(0, 300, (5, 1), generator=gen).to(device)
+    others = torch.randint(0, 300, (5, 7), generator=gen).to(device)
     cpu = made.propose(query)
     expected_targets, expected_others = cpu.log_q(targets), cpu.log_q(others)
 

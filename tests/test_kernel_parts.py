@@ -43,7 +43,8 @@ def test_a_move_reaches_every_part_and_sampling_goes_on(device):
     assert all(t.device.type == device and t.dtype == torch.float64 for t in moved)
     query, ids = query.to(device, torch.float64), ids.to(device)
     torch.testing.assert_close(tree.log_q(query, ids).float().cpu(), before, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(tree.log_q_all_mixture(tree.mixture(query)).float().cpu(), psi_before)
+    psi_after = tree.log_q_all_mixture(tree.mixture(query)).float().cpu()  # float64 there: float32's tolerance
+    torch.testing.assert_close(psi_after, psi_before, rtol=1e-4, atol=1e-5)
     drawn, log_q = tree.sample(query, 5)
     assert drawn.device.type == device
     torch.testing.assert_close(log_q, tree.log_q(query, drawn))

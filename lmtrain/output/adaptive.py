@@ -56,9 +56,9 @@ class AdaptiveSoftmax(OutputLayer):
     cluster's positions with ``nonzero`` (a host sync per cluster); there every tail cluster is scored for all N
     positions instead, the target clamped into it, and a mask keeps the positions that belong to it. That costs
     N x (cluster size) logits per tail cluster where the CPU path scores only the cluster's own positions: dense
-    while they take at most ``logits_mib`` MiB (float32), else in vocabulary chunks of that size
-    (``chunked_softmax_nll``), so memory stays bounded at any n. Same parameters, same values to float rounding;
-    ``log_prob`` and ``log_probs_all`` (exact evaluation) are torch's on both paths.
+    while they take at most ``logits_mib`` MiB (float32; None: by the device, as ``FullSoftmax``), else in vocabulary
+    chunks of that size (``chunked_softmax_nll``), so memory stays bounded at any n. Same parameters, same values to
+    float rounding; ``log_prob`` and ``log_probs_all`` (exact evaluation) are torch's on both paths.
     """
 
     loss_is_nll = True
@@ -116,7 +116,7 @@ class AdaptiveSoftmax(OutputLayer):
         """(N,) log p(local | cluster) of one tail cluster at every position: dense, or chunked when large."""
         projected = tail[0](hidden)  # (N, d / div_value^k)
         words = tail[1].weight  # (cluster size, d / div_value^k)
-        chunk = fitting_chunk(self.logits_mib, hidden.shape[0])
+        chunk = fitting_chunk(self.logits_mib, hidden.shape[0], hidden.device)
         if chunk >= words.shape[0]:
             return torch.log_softmax(tail[1](projected), dim=1).gather(1, local[:, None])[:, 0]
         return -chunked_softmax_nll(projected, words, None, local, chunk)  # torch's tail layers have no biases

@@ -18,9 +18,10 @@ class FullSoftmax(OutputLayer):
     """Softmax cross-entropy over all classes; training loss and exact log-prob are the same model.
 
     ``log_prob`` normalizes in vocabulary chunks of ``eval_chunk`` classes so that n = 10^6 fits. ``loss`` builds
-    the (N, n) logits (dense) when they take at most ``logits_mib`` MiB in float32, and otherwise trains through
-    ``chunked_softmax_nll`` in vocabulary chunks of the most classes whose (N, chunk) logits fit in ``logits_mib``;
-    ``train_chunk`` fixes the chunk instead (0: always dense; a chunk >= n is dense too). Both are exact.
+    the (N, n) logits (dense) when they take at most ``logits_mib`` MiB in float32 (None: 128 MiB on a CPU, a
+    sixteenth of the device's memory on a GPU), and otherwise trains through ``chunked_softmax_nll`` in vocabulary
+    chunks of the most classes whose (N, chunk) logits fit in that budget; ``train_chunk`` fixes the chunk instead
+    (0: always dense; a chunk >= n is dense too). Both are exact.
     ``bias_init`` is ``zero`` or ``log_unigram`` (the biases start at the log training unigram, ``counts``).
     """
 
@@ -43,16 +44,17 @@ class FullSoftmax(OutputLayer):
         return F.linear(hidden, self.weight, self.bias)
 
     def loss(self, hidden: Tensor, target: Tensor, inputs: Tensor | None = None) -> Tensor:
-        chunk = self.loss_chunk(hidden.shape[0])
+        chunk = self.loss_chunk(hidden.shape[0], hidden.device)
         if chunk >= self.num_classes:
             return F.cross_entropy(self.logits(hidden), target)
         return chunked_softmax_nll(hidden, self.weight, self.bias, target, chunk).mean()
 
-    def loss_chunk(self, num_positions: int) -> int:
-        """Classes per vocabulary chunk of the training loss for ``num_positions`` rows; >= n means dense."""
+    def loss_chunk(self, num_positions: int, device: torch.device | None = None) -> int:
+        """Classes per vocabulary chunk of the training loss for ``num_positions`` rows on ``device`` (None: the
+        weights'); >= n means dense."""
         if self.train_chunk is not None:
             return self.train_chunk or self.num_classes
-        return fitting_chunk(self.logits_mib, num_positions)
+        return fitting_chunk(self.logits_mib, num_positions, self.weight.device if device is None else device)
 
     def log_prob(self, hidden: Tensor, target: Tensor) -> Tensor:
         target_logit = (hidden * self.weight[target]).sum(1) + self.bias[target]  # (N,)

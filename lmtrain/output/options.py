@@ -19,12 +19,14 @@ class FullOptions:
 
     The training loss uses dense (N, n) logits when they fit in ``logits_mib`` MiB (float32), else vocabulary
     chunks of the most classes whose (N, chunk) logits fit; ``train_chunk`` fixes the chunk (0: always dense).
+    ``logits_mib`` left out (None) is 128 MiB on a CPU and a sixteenth of the device's memory on a GPU
+    (``lmtrain.output.chunked_softmax.device_logits_mib``).
     """
 
     init_range: float = field(default=0.1, metadata={"above": 0})  # uniform(-init_range, init_range) weights
     eval_chunk: int = field(default=65536, metadata=AT_LEAST_1)  # classes per chunk of exact evaluation
     train_chunk: int | None = field(default=None, metadata={"at_least": 0})
-    logits_mib: float = field(default=128.0, metadata={"above": 0})
+    logits_mib: float | None = field(default=None, metadata={"above": 0})  # None: by the device
     bias_init: str = field(default="zero", metadata=BIAS_INIT)
 
 
@@ -39,8 +41,8 @@ class AdaptiveOptions:
     div_value: float = field(default=4.0, metadata={"above": 0})
     head_bias: bool = True
     # GPU paths: a tail cluster's (N, size) logits at every position are dense up to this many MiB (float32), else
-    # computed in vocabulary chunks
-    logits_mib: float = field(default=128.0, metadata={"above": 0})
+    # computed in vocabulary chunks; None: by the device (``FullOptions``)
+    logits_mib: float | None = field(default=None, metadata={"above": 0})
 
 
 @dataclass

@@ -122,7 +122,7 @@ class FixedWalk:
         elif known is not None:  # u = 1 turns right ((u - 1) s_L + u s_R = s_R >= 0), u = 0 left (-s_L < 0)
             bits = known.unsqueeze(0) >> self.shifts(steps, phi.device).view(-1, 1, 1)  # (steps + 1, N, j) ancestors
             start = torch.cat([start, bits[0]], 1)  # (N, k + j): the known buckets' level-t ancestors
-            torch.bitwise_and(bits[1:], 1, out=split[:, :, k:, 1])
+            split[:, :, k:, 1] = bits[1:] & 1  # the bits as 0./1. (CUDA's bitwise ops write no float out=)
         log_path = top.gather(1, start).view(-1)  # (W,)
         if steps == 0:  # level t holds the buckets
             return start.view(-1), log_path
