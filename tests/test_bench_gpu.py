@@ -82,6 +82,16 @@ def test_the_chunked_and_the_dense_full_softmax_are_measured_where_full_has_both
     ]
 
 
+def test_a_round_runs_the_goals_cells_first_in_each_corpus_and_precision(bench_gpu):
+    """A round cut short by the time budget keeps full, the plain loop and rff side by side."""
+    names = ["full", "full chunked", "uniform", "rff", bench_gpu.PLAIN]
+    groups = [(c, p) for c in ("ptb", "zipf:1e6") for p in ("32-true", "bf16-mixed")]
+    cells = [{"corpus": c, "precision": p, "strategy": s} for c, p in groups for s in names]
+    order = [(cells[i]["corpus"], cells[i]["precision"], cells[i]["strategy"]) for i in bench_gpu.run_order(cells)]
+    expected = ["full", bench_gpu.PLAIN, "rff", "full chunked", "uniform"]
+    assert order == [(c, p, s) for c, p in groups for s in expected]
+
+
 def test_the_cuda_tests_are_counted_from_pytests_junit_report(tmp_path):
     report = tmp_path / "junit.xml"
     report.write_text(
