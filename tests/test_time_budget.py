@@ -7,9 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from lmtrain.study.records import append_record, build_record, read_records
+from lmtrain.study.render import check, render
+from lmtrain.study.spec import Cell, Run, StudyError, parse_spec
 from lmtrain.tools import time_budget
-from lmtrain.tools.run_records import load_run
-from lmtrain.tools.time_budget import timed_run
+from lmtrain.tools.run_records import find_runs, load_run
+from lmtrain.tools.time_budget import budget_table, recorded_runs, timed_run, timed_runs
 
 
 def fake_timed_run(folder: Path, name: str, points: list[tuple[int, float, float]], best: float | None = None) -> Path:
@@ -54,3 +57,48 @@ def test_the_table_ranks_runs_at_the_last_budget_and_the_png_is_written(tmp_path
 def test_a_folder_without_runs_is_one_line_and_exit_code_2(tmp_path, capsys):
     assert time_budget.main([str(tmp_path)]) == 2
     assert "no run folders" in capsys.readouterr().err
+
+
+def two_recorded_runs(tmp_path: Path) -> tuple[Path, Path]:
+    """The slow and fast runs above as run folders of a study ``t`` (output=full and output=hsm, seed 1) and as
+    that study's records."""
+    runs, records = tmp_path / "runs", tmp_path / "docs" / "t" / "records.jsonl"
+    for output, points, best in (("full", SLOW, 100.0), ("hsm", FAST, None)):
+        folder = fake_timed_run(runs / f"output-{output}__seed-1", output, points, best=best)
+        run = Run(Cell((("output", output),)), 1)
+        append_record(records, build_record("t", run, folder, 1, 1.0, None, {"commit": "abc", "dirty": False}))
+    return runs, records
+
+
+SLOW = [(3, 50.0, 900.0), (8, 112.5, 950.0), (9, 125.0, 700.0)]
+FAST = [(49, 60.5, 400.0), (99, 120.5, 300.0)]
+
+
+def test_the_records_give_the_curves_and_the_table_the_run_folders_give(tmp_path):
+    """Which bug: a summary that only the (uncommitted) run folders can regenerate, or that reads the records
+    differently (steps, tokens per step, the source's optimum)."""
+    runs, records = two_recorded_runs(tmp_path)
+    from_folders, from_records = timed_runs(find_runs(runs)), recorded_runs(read_records(records))
+    assert [r.label for r in from_records] == ["output=full", "output=hsm"]  # what differs between the records
+    for folder_run, record_run in zip(from_folders, from_records, strict=True):
+        assert (record_run.curve, record_run.steps, record_run.tokens_per_step, record_run.best_possible) == (
+            folder_run.curve, folder_run.steps, folder_run.tokens_per_step, folder_run.best_possible
+        )  # fmt: skip
+    out = tmp_path / "out"
+    assert time_budget.main([str(records), "--budgets", "1,2", "--out", str(out)]) == 0  # a records file
+    assert (out / "summary.md").read_text() == budget_table(from_records, [60.0, 120.0])
+    assert "| output=hsm | 400.0 | 300.0 | 100 |" in (out / "summary.md").read_text()
+
+
+def test_a_study_with_budgets_renders_and_checks_its_summary_from_the_records(tmp_path):
+    _, records = two_recorded_runs(tmp_path)
+    data = {"grid": [{"output": ["full", "hsm"]}], "seeds": [1], "metric": "val/ppl", "budgets": [1, 2]}
+    spec = parse_spec("t", data)
+    written = render(spec, tmp_path / "docs")
+    assert [p.name for p in written] == ["table.md", "plot.png", "summary.md", "ppl_vs_time.png"]
+    assert check(spec, tmp_path / "docs") is None
+    summary = records.parent / "summary.md"
+    summary.write_text(summary.read_text().replace("300.0", "299.0"))  # a hand-edited number
+    assert "summary.md is missing or differs" in check(spec, tmp_path / "docs")
+    with pytest.raises(StudyError, match="budgets"):
+        parse_spec("t", {**data, "budgets": [0]})

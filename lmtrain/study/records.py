@@ -85,6 +85,7 @@ def build_record(
         {"step": step, "epoch": epoch, "ppl": ppl, "loss": losses.get(step), "train_seconds": seconds.get(step)}
         for step, epoch, ppl in series.get("val/ppl", [])
     ]
+    info = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").is_file() else {}
     test = None
     if series.get("test/ppl"):
         test = {"ppl": series["test/ppl"][-1][2], "loss": (series.get("test/loss") or [(0, 0, None)])[-1][2]}
@@ -104,6 +105,7 @@ def build_record(
         "test": test,
         "validations": validations,
         "tokens_per_sec": tokens_per_sec,
+        "best_possible_ppl": info.get("best_possible_ppl"),  # a generated corpus's optimum (time summaries)
         "threads": threads,
         "device": device_name(config),
         "torch": torch.__version__,

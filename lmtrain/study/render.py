@@ -10,6 +10,7 @@ from typing import Any
 from lmtrain.study.records import read_records
 from lmtrain.study.spec import Cell, StudySpec
 from lmtrain.study.stats import CellStats, metric_value, relative, verdict
+from lmtrain.tools.time_budget import TITLE, budget_table, recorded_runs, write_summary
 
 METRIC_NAMES = {"test/ppl": "test ppl", "val/ppl": "best val ppl"}
 
@@ -156,12 +157,16 @@ def _short(label: str) -> str:
 
 
 def render(spec: StudySpec, root: Path) -> list[Path]:
-    """Write the study's table.md and plot.png from its records; returns the files written."""
+    """Write the study's table.md and plot.png from its records, and for a study with ``budgets`` its equal-time
+    summary.md and ppl_vs_time.png; returns the files written."""
     folder = root / spec.name
     records = read_records(folder / "records.jsonl")
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "table.md").write_text(render_table(spec, records))
-    return [folder / "table.md", render_plot(spec, records, folder / "plot.png")]
+    written = [folder / "table.md", render_plot(spec, records, folder / "plot.png")]
+    if spec.budgets:
+        written += write_summary(recorded_runs(records), spec.budgets, folder, TITLE)
+    return written
 
 
 def check(spec: StudySpec, root: Path) -> str | None:
@@ -175,4 +180,9 @@ def check(spec: StudySpec, root: Path) -> str | None:
         return f"{table} is missing: run python -m lmtrain.study {spec.name} --render"
     if table.read_text() != expected:
         return f"{table} differs from its rendering: run python -m lmtrain.study {spec.name} --render"
+    summary = folder / "summary.md"
+    budgets = [60 * minutes for minutes in spec.budgets or []]
+    runs = recorded_runs(read_records(folder / "records.jsonl")) if budgets else []
+    if budgets and (not summary.is_file() or summary.read_text() != budget_table(runs, budgets)):
+        return f"{summary} is missing or differs from its rendering: run python -m lmtrain.study {spec.name} --render"
     return None

@@ -14,6 +14,8 @@ A study is a YAML file (the package's own in ``conf/study/``, or any file a user
     reference: output=full                 # the cell every other is compared with (optional), or
     pair: output.shared_negatives=false    # each cell compared with its twin that has this value (optional)
     x: output.num_samples                  # optional: drawn on the x axis (lines), else one bar per cell
+    budgets: [1, 2, 4, 7]                  # optional, runs limited by training time: the best val ppl within each
+                                           # of these minutes, and the curves against time (summary.md, PNG)
 
 A cell is one combination of a block's values; its label is its overrides joined by commas (``output=rff,
 sampler.unigram_share=0``), and a run is a cell with ``seed=S``.
@@ -79,6 +81,7 @@ class StudySpec:
     reference: str | None = None
     pair: str | None = None
     x: str | None = None
+    budgets: list[float] | None = None  # training minutes of the equal-time summary (summary.md), if any
     source: Path | None = None
     notes: list[str] = field(default_factory=list)
     cell_seeds: dict[Cell, list[int]] = field(default_factory=dict)  # a block's own seeds, where it names them
@@ -103,7 +106,7 @@ def _value(value: Any) -> str:
 def parse_spec(name: str, data: dict[str, Any], source: Path | None = None) -> StudySpec:
     """Check and parse one declaration; errors name the file and the key."""
     where = f"study {name}" + (f" ({source})" if source else "")
-    known = {"description", "overrides", "grid", "seeds", "metric", "reference", "pair", "x", "notes"}
+    known = {"description", "overrides", "grid", "seeds", "metric", "reference", "pair", "x", "budgets", "notes"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise StudyError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")
@@ -133,6 +136,11 @@ def parse_spec(name: str, data: dict[str, Any], source: Path | None = None) -> S
     pair = data.get("pair")
     if pair is not None and (reference is not None or "=" not in str(pair)):
         raise StudyError(f"{where}: 'pair' is KEY=VALUE (a grid value), and excludes 'reference'")
+    budgets = data.get("budgets")
+    if budgets is not None and (
+        not isinstance(budgets, list) or not budgets or not all(isinstance(b, int | float) and b > 0 for b in budgets)
+    ):
+        raise StudyError(f"{where}: 'budgets' must be a list of positive training minutes, got {budgets!r}")
     return StudySpec(
         name=name,
         description=str(data.get("description", "")),
@@ -143,6 +151,7 @@ def parse_spec(name: str, data: dict[str, Any], source: Path | None = None) -> S
         reference=reference,
         pair=None if pair is None else str(pair),
         x=data.get("x"),
+        budgets=None if budgets is None else [float(b) for b in budgets],
         source=source,
         notes=[str(n) for n in data.get("notes", [])],
         cell_seeds=cell_seeds,

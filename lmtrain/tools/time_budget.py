@@ -7,11 +7,15 @@ import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
+from lmtrain.study.records import read_records
 from lmtrain.tools.figures import pyplot, save_figure
-from lmtrain.tools.run_records import RunRecord, find_runs, run_labels
+from lmtrain.tools.run_records import RunRecord, find_runs, natural_key, run_labels
+
+TITLE = "validation perplexity against training time"  # the curves' title
 
 
 @dataclass
@@ -65,6 +69,37 @@ def timed_runs(runs: list[RunRecord]) -> list[TimedRun]:
     return [timed_run(run, label) for run, label in zip(runs, run_labels(runs), strict=True)]
 
 
+def recorded_runs(records: list[dict[str, Any]]) -> list[TimedRun]:
+    """The same from a study's records (``records.jsonl``, committed), not its run folders: each validation's
+    training seconds and perplexity, the steps up to the last one, the batch shape of the record's config. In the
+    order of the run folders; labelled by the cell values and seed that differ between the records."""
+    records = sorted(records, key=lambda r: natural_key(Path(str(r.get("config", {}).get("run_dir", r["key"])))))
+    items = [[*(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in r["cell"].items()), f"seed={r['seed']}"] for r in records]
+    common = set.intersection(*map(set, items)) if items else set()
+    runs = []
+    for record, given in zip(records, items, strict=True):
+        validations = [v for v in record["validations"] if v["train_seconds"] is not None]
+        data = record.get("config", {}).get("data", {})
+        best = record.get("best_possible_ppl")
+        runs.append(
+            TimedRun(
+                label=" ".join(i for i in given if i not in common) or str(record["cell"].get("output", record["key"])),
+                curve=[(v["train_seconds"], v["ppl"]) for v in validations],
+                steps=validations[-1]["step"] + 1 if validations else 0,
+                tokens_per_step=int(data.get("batch_size", 0)) * int(data.get("bptt", 0)),
+                best_possible=float(best) if isinstance(best, int | float) else None,
+            )
+        )
+    return runs
+
+
+def write_summary(runs: list[TimedRun], budgets: list[float], out: Path, title: str) -> list[Path]:
+    """summary.md (the table at ``budgets``, minutes) and ppl_vs_time.png into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.md").write_text(budget_table(runs, [60 * b for b in budgets]))
+    return [out / "summary.md", plot_ppl_vs_time(runs, out / "ppl_vs_time.png", title)]
+
+
 def best_possible(runs: list[TimedRun]) -> float | None:
     """The source's optimum, where the corpus is generated (the same for every run of one corpus)."""
     return next((run.best_possible for run in runs if run.best_possible is not None), None)
@@ -110,21 +145,21 @@ def plot_ppl_vs_time(runs: list[TimedRun], path: str | Path, title: str) -> Path
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="strategies at equal training time: table and PNG")
-    parser.add_argument("runs", type=Path, help="a folder of lmtrain run folders")
+    parser.add_argument("runs", type=Path, help="a folder of lmtrain run folders, or a study's records.jsonl")
     parser.add_argument("--budgets", default="1,2,4,7", help="training minutes, comma list")
     parser.add_argument("--out", type=Path, default=None, help="where to write summary.md and ppl_vs_time.png")
-    parser.add_argument("--title", default="validation perplexity against training time")
+    parser.add_argument("--title", default=TITLE)
     args = parser.parse_args(argv)
-    found = find_runs(args.runs)
-    if not found:
-        print(f"time_budget: no run folders (with metrics.csv) under {args.runs}", file=sys.stderr)
+    if args.runs.is_file():  # a study's records: the runs' folders need not be there
+        runs = recorded_runs(read_records(args.runs))
+        out = args.out or args.runs.parent
+    else:
+        found = find_runs(args.runs)
+        runs, out = timed_runs(found), args.out or args.runs
+    if not runs:
+        print(f"time_budget: no run folders (with metrics.csv) or records in {args.runs}", file=sys.stderr)
         return 2
-    runs = timed_runs(found)
-    out = args.out or args.runs
-    out.mkdir(parents=True, exist_ok=True)
-    budgets = [float(b) * 60 for b in args.budgets.split(",")]
-    (out / "summary.md").write_text(budget_table(runs, budgets))
-    plot_ppl_vs_time(runs, out / "ppl_vs_time.png", args.title)
-    print((out / "summary.md").read_text())
-    print(f"wrote {out / 'summary.md'} and {out / 'ppl_vs_time.png'}")
+    written = write_summary(runs, [float(b) for b in args.budgets.split(",")], out, args.title)
+    print(written[0].read_text())
+    print(f"wrote {written[0]} and {written[1]}")
     return 0
