@@ -143,7 +143,7 @@ def test_the_default_is_dense_for_small_logits_and_chunked_for_large():
 
 def test_on_a_gpu_the_default_budget_is_a_share_of_the_device_memory(monkeypatch):
     """An 80 GiB GPU: 5 GiB of logits, so 10^6 classes at 700 positions (2.6 GiB) are dense, 4,000 positions are
-    chunked; a budget set in the config holds on any device. Which bug: a GPU that chunks what fits, 2.3x slower."""
+    chunked; a fraction of 0 takes logits_mib there too. Which bug: a GPU that chunks what fits, 2.3x slower."""
     properties = SimpleNamespace(total_memory=80 * 2**30)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: properties)
     chunked_softmax._cuda_memory_mib.cache_clear()
@@ -154,7 +154,7 @@ def test_on_a_gpu_the_default_budget_is_a_share_of_the_device_memory(monkeypatch
         assert big.loss_chunk(700, gpu) >= 1_000_000
         assert big.loss_chunk(4000, gpu) == 5 * 2**30 // (4 * 4000)
         assert big.loss_chunk(700, torch.device("cpu")) == 128 * 2**20 // (4 * 700)
-        big.logits_mib = 128.0
+        big.gpu_logits_fraction = 0.0
         assert big.loss_chunk(700, gpu) == 128 * 2**20 // (4 * 700)
     finally:
         chunked_softmax._cuda_memory_mib.cache_clear()
@@ -162,6 +162,8 @@ def test_on_a_gpu_the_default_budget_is_a_share_of_the_device_memory(monkeypatch
 
 def test_the_config_carries_the_rule_and_refuses_a_negative_chunk():
     output = make_config(["output=full"]).output
-    assert output.train_chunk is None and output.logits_mib is None
+    assert output.train_chunk is None and output.logits_mib == 128 and output.gpu_logits_fraction == 1 / 16
     with pytest.raises(ConfigError, match=r"output\.train_chunk must be >= 0"):
         make_config(["output=full", "output.train_chunk=-1"])
+    with pytest.raises(ConfigError, match=r"output\.gpu_logits_fraction must be < 1"):
+        make_config(["output=full", "output.gpu_logits_fraction=1.5"])

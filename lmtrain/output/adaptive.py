@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from lmtrain.common.precision import in_float32
 from lmtrain.output.base import OutputLayer
-from lmtrain.output.chunked_softmax import chunked_softmax_nll, fitting_chunk
+from lmtrain.output.chunked_softmax import chunked_softmax_nll, fitting_chunk, logits_budget_mib
 from lmtrain.output.options import AdaptiveOptions
 
 HEAD_CAP, TAIL_FRACTION, MAX_CLUSTERS = 2000, 0.6, 3
@@ -56,9 +56,10 @@ class AdaptiveSoftmax(OutputLayer):
     cluster's positions with ``nonzero`` (a host sync per cluster); there every tail cluster is scored for all N
     positions instead, the target clamped into it, and a mask keeps the positions that belong to it. That costs
     N x (cluster size) logits per tail cluster where the CPU path scores only the cluster's own positions: dense
-    while they take at most ``logits_mib`` MiB (float32; None: by the device, as ``FullSoftmax``), else in vocabulary
-    chunks of that size (``chunked_softmax_nll``), so memory stays bounded at any n. Same parameters, same values to
-    float rounding; ``log_prob`` and ``log_probs_all`` (exact evaluation) are torch's on both paths.
+    while they fit in the budget (float32: ``logits_mib`` MiB, or ``gpu_logits_fraction`` of a GPU's memory, as
+    ``FullSoftmax``), else in vocabulary chunks of that size (``chunked_softmax_nll``), so memory stays bounded at
+    any n. Same parameters, same values to float rounding; ``log_prob`` and ``log_probs_all`` (exact evaluation)
+    are torch's on both paths.
     """
 
     loss_is_nll = True
@@ -81,7 +82,7 @@ class AdaptiveSoftmax(OutputLayer):
                 f"({len(cutoffs)} clusters); use a smaller div_value or fewer cutoffs"
             )
         self.num_classes, self.dim = num_classes, dim
-        self.cutoffs, self.logits_mib = cutoffs, opts.logits_mib
+        self.cutoffs, self.logits_mib, self.gpu_logits_fraction = cutoffs, opts.logits_mib, opts.gpu_logits_fraction
         head_bias = opts.head_bias
         # where the clusters begin, for the GPU paths; not saved: checkpoints are the same on both paths
         self.register_buffer("bounds", torch.tensor(cutoffs), persistent=False)
@@ -116,7 +117,8 @@ class AdaptiveSoftmax(OutputLayer):
         """(N,) log p(local | cluster) of one tail cluster at every position: dense, or chunked when large."""
         projected = tail[0](hidden)  # (N, d / div_value^k)
         words = tail[1].weight  # (cluster size, d / div_value^k)
-        chunk = fitting_chunk(self.logits_mib, hidden.shape[0], hidden.device)
+        budget = logits_budget_mib(self.logits_mib, self.gpu_logits_fraction, hidden.device)
+        chunk = fitting_chunk(budget, hidden.shape[0])
         if chunk >= words.shape[0]:
             return torch.log_softmax(tail[1](projected), dim=1).gather(1, local[:, None])[:, 0]
         return -chunked_softmax_nll(projected, words, None, local, chunk)  # torch's tail layers have no biases

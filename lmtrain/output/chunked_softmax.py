@@ -89,32 +89,28 @@ def chunk_bias(bias: Tensor | None, start: int, end: int, dtype: torch.dtype) ->
     return None if bias is None else bias[start:end].to(dtype)
 
 
-# the logits budget where ``logits_mib`` is left out (None). On a CPU 128 MiB: chunks that stay cache-sized keep
-# a 10^6-class step within a few GiB at no cost in speed. On a GPU a sixteenth of the device's memory: there one
-# dense product beats a loop over chunks (on an H200 at 10^6 classes the dense step ran 2.3x the 128 MiB chunks,
-# docs/bench/gpu_h200.md), and the dense step's peak (about three times its float32 logits) stays a fifth of it
-CPU_LOGITS_MIB = 128.0
-GPU_LOGITS_SHARE = 16
+def logits_budget_mib(logits_mib: float, gpu_fraction: float, device: torch.device) -> float:
+    """The MiB that a step's dense float32 logits may take on ``device``: ``logits_mib`` on a CPU (or with
+    ``gpu_fraction`` 0), else that fraction of the GPU's memory. No host sync; the memory is read once per device.
 
-
-def device_logits_mib(device: torch.device) -> float:
-    """The default logits budget on ``device`` (see ``GPU_LOGITS_SHARE``); no host sync, read once per device."""
-    if device.type != "cuda":
-        return CPU_LOGITS_MIB
-    return _cuda_memory_mib(device.index if device.index is not None else torch.cuda.current_device())
+    Why two budgets: on a CPU, chunks that stay cache-sized keep a 10^6-class step within a few GiB at no cost in
+    speed; on a GPU one dense product beats a loop over chunks (on an H200 at 10^6 classes the dense step ran 2.3x
+    the 128 MiB chunks, docs/bench/gpu_h200.md), and the dense step's peak, about three times its logits, stays
+    well inside the device at a sixteenth."""
+    if device.type != "cuda" or not gpu_fraction:
+        return logits_mib
+    return gpu_fraction * _cuda_memory_mib(device.index if device.index is not None else torch.cuda.current_device())
 
 
 @functools.cache
 def _cuda_memory_mib(index: int) -> float:
-    return torch.cuda.get_device_properties(index).total_memory / 2**20 / GPU_LOGITS_SHARE
+    return torch.cuda.get_device_properties(index).total_memory / 2**20
 
 
-def fitting_chunk(logits_mib: float | None, num_positions: int, device: torch.device) -> int:
-    """The most classes (at least 1) whose float32 logits at ``num_positions`` rows take at most ``logits_mib`` MiB
-    (None: the device's default, ``device_logits_mib``): the chunk of the training loss, dense when it reaches the
-    vocabulary size."""
-    budget = device_logits_mib(device) if logits_mib is None else logits_mib
-    return max(int(budget * 2**20) // (4 * max(num_positions, 1)), 1)
+def fitting_chunk(budget_mib: float, num_positions: int) -> int:
+    """The most classes (at least 1) whose float32 logits at ``num_positions`` rows take at most ``budget_mib`` MiB:
+    the chunk of the training loss, dense when it reaches the vocabulary size."""
+    return max(int(budget_mib * 2**20) // (4 * max(num_positions, 1)), 1)
 
 
 def local_targets(target: Tensor, start: int, end: int) -> tuple[Tensor, Tensor]:

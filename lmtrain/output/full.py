@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmtrain.output.base import OutputLayer, initial_bias
-from lmtrain.output.chunked_softmax import chunked_softmax_nll, fitting_chunk
+from lmtrain.output.chunked_softmax import chunked_softmax_nll, fitting_chunk, logits_budget_mib
 from lmtrain.output.logsumexp import chunked_logsumexp
 from lmtrain.output.options import FullOptions
 
@@ -18,10 +18,10 @@ class FullSoftmax(OutputLayer):
     """Softmax cross-entropy over all classes; training loss and exact log-prob are the same model.
 
     ``log_prob`` normalizes in vocabulary chunks of ``eval_chunk`` classes so that n = 10^6 fits. ``loss`` builds
-    the (N, n) logits (dense) when they take at most ``logits_mib`` MiB in float32 (None: 128 MiB on a CPU, a
-    sixteenth of the device's memory on a GPU), and otherwise trains through ``chunked_softmax_nll`` in vocabulary
-    chunks of the most classes whose (N, chunk) logits fit in that budget; ``train_chunk`` fixes the chunk instead
-    (0: always dense; a chunk >= n is dense too). Both are exact.
+    the (N, n) logits (dense) when they fit in the budget (float32: ``logits_mib`` MiB on a CPU,
+    ``gpu_logits_fraction`` of the device's memory on a GPU), and otherwise trains through ``chunked_softmax_nll``
+    in vocabulary chunks of the most classes whose (N, chunk) logits fit in it; ``train_chunk`` fixes the chunk
+    instead (0: always dense; a chunk >= n is dense too). Both are exact.
     ``bias_init`` is ``zero`` or ``log_unigram`` (the biases start at the log training unigram, ``counts``).
     """
 
@@ -34,7 +34,11 @@ class FullSoftmax(OutputLayer):
         opts = FullOptions(**options)  # the keys left out take their defaults
         self.num_classes, self.dim = num_classes, dim
         self.eval_chunk = opts.eval_chunk
-        self.train_chunk, self.logits_mib = opts.train_chunk, opts.logits_mib
+        self.train_chunk, self.logits_mib, self.gpu_logits_fraction = (
+            opts.train_chunk,
+            opts.logits_mib,
+            opts.gpu_logits_fraction,
+        )
         self.weight = nn.Parameter(torch.empty(num_classes, dim))
         self.bias = nn.Parameter(initial_bias(opts.bias_init, num_classes, counts))
         nn.init.uniform_(self.weight, -opts.init_range, opts.init_range)
@@ -54,7 +58,8 @@ class FullSoftmax(OutputLayer):
         weights'); >= n means dense."""
         if self.train_chunk is not None:
             return self.train_chunk or self.num_classes
-        return fitting_chunk(self.logits_mib, num_positions, self.weight.device if device is None else device)
+        budget = logits_budget_mib(self.logits_mib, self.gpu_logits_fraction, device or self.weight.device)
+        return fitting_chunk(budget, num_positions)
 
     def log_prob(self, hidden: Tensor, target: Tensor) -> Tensor:
         target_logit = (hidden * self.weight[target]).sum(1) + self.bias[target]  # (N,)

@@ -11,22 +11,24 @@ from dataclasses import dataclass, field
 from lmtrain.common.ranges import AT_LEAST_1
 
 BIAS_INIT = {"choices": ("zero", "log_unigram")}  # zero | log_unigram (biases start at the log training unigram)
+GPU_FRACTION = 1 / 16  # the share of a GPU's memory that a step's dense logits may take (chunked_softmax)
+FRACTION = {"at_least": 0, "below": 1}
 
 
 @dataclass
 class FullOptions:
     """``output=full``: the full softmax over all classes (exact, O(nd) per position).
 
-    The training loss uses dense (N, n) logits when they fit in ``logits_mib`` MiB (float32), else vocabulary
-    chunks of the most classes whose (N, chunk) logits fit; ``train_chunk`` fixes the chunk (0: always dense).
-    ``logits_mib`` left out (None) is 128 MiB on a CPU and a sixteenth of the device's memory on a GPU
-    (``lmtrain.output.chunked_softmax.device_logits_mib``).
+    The training loss uses dense (N, n) logits when they fit in the budget (float32: ``logits_mib`` MiB on a CPU,
+    ``gpu_logits_fraction`` of the device's memory on a GPU), else vocabulary chunks of the most classes whose
+    (N, chunk) logits fit; ``train_chunk`` fixes the chunk (0: always dense).
     """
 
     init_range: float = field(default=0.1, metadata={"above": 0})  # uniform(-init_range, init_range) weights
     eval_chunk: int = field(default=65536, metadata=AT_LEAST_1)  # classes per chunk of exact evaluation
     train_chunk: int | None = field(default=None, metadata={"at_least": 0})
-    logits_mib: float | None = field(default=None, metadata={"above": 0})  # None: by the device
+    logits_mib: float = field(default=128.0, metadata={"above": 0})  # the budget on a CPU
+    gpu_logits_fraction: float = field(default=GPU_FRACTION, metadata=FRACTION)  # on a GPU; 0: logits_mib there too
     bias_init: str = field(default="zero", metadata=BIAS_INIT)
 
 
@@ -41,8 +43,9 @@ class AdaptiveOptions:
     div_value: float = field(default=4.0, metadata={"above": 0})
     head_bias: bool = True
     # GPU paths: a tail cluster's (N, size) logits at every position are dense up to this many MiB (float32), else
-    # computed in vocabulary chunks; None: by the device (``FullOptions``)
-    logits_mib: float | None = field(default=None, metadata={"above": 0})
+    # computed in vocabulary chunks: as ``FullOptions``, whose budgets they share
+    logits_mib: float = field(default=128.0, metadata={"above": 0})
+    gpu_logits_fraction: float = field(default=GPU_FRACTION, metadata=FRACTION)
 
 
 @dataclass
