@@ -18,21 +18,13 @@ from typing import Any
 import yaml
 
 from lmtrain.study.spec import Run
-from lmtrain.tools.run_records import read_metrics
+from lmtrain.tools.run_records import read_json_lines, read_metrics
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
-    """The records of a study (an empty list when it has none yet); a truncated last line is ignored."""
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:  # a line cut off by a kill while it was written: that run reruns
-                continue
-    return records
+    """The records of a study (an empty list when it has none yet); a truncated last line is ignored (a line cut off
+    by a kill while it was written: that run reruns)."""
+    return read_json_lines(path)
 
 
 def append_record(path: Path, record: dict[str, Any]) -> None:

@@ -36,6 +36,21 @@ class RunRecord:
         return min(vals) if vals else None
 
 
+def read_json_lines(path: Path) -> list[dict[str, Any]]:
+    """One JSON object per line (a study's records.jsonl); [] when the file is missing, a line that does not parse
+    (cut off by a kill while it was written) left out."""
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return rows
+
+
 def read_metrics(path: Path) -> dict[str, list[tuple[int, int, float]]]:
     """metrics.csv (sparse columns) -> series per metric. A run resumed from a checkpoint repeats the steps after
     it that the interrupted run had written already: the later rows replace those."""

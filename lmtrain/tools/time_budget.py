@@ -11,9 +11,8 @@ from typing import Any
 
 import yaml
 
-from lmtrain.study.records import read_records
 from lmtrain.tools.figures import pyplot, save_figure
-from lmtrain.tools.run_records import RunRecord, find_runs, natural_key, run_labels
+from lmtrain.tools.run_records import RunRecord, find_runs, natural_key, read_json_lines, run_labels
 
 TITLE = "validation perplexity against training time"  # the curves' title
 
@@ -151,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--title", default=TITLE)
     args = parser.parse_args(argv)
     if args.runs.is_file():  # a study's records: the runs' folders need not be there
-        runs = recorded_runs(read_records(args.runs))
+        runs = recorded_runs(read_json_lines(args.runs))
         out = args.out or args.runs.parent
     else:
         found = find_runs(args.runs)
