@@ -10,7 +10,7 @@ from typing import Any
 from lmtrain.study.records import read_records
 from lmtrain.study.spec import Cell, StudySpec
 from lmtrain.study.stats import CellStats, metric_value, relative, verdict
-from lmtrain.tools.time_budget import TITLE, budget_table, recorded_runs, write_summary
+from lmtrain.tools.time_budget import TITLE, recorded_runs, summary_table, write_summary
 
 METRIC_NAMES = {"test/ppl": "test ppl", "val/ppl": "best val ppl"}
 
@@ -174,15 +174,16 @@ def check(spec: StudySpec, root: Path) -> str | None:
     folder = root / spec.name
     if not (folder / "records.jsonl").is_file():
         return None  # a study that has not run yet has nothing to check
-    expected = render_table(spec, read_records(folder / "records.jsonl"))
+    records = read_records(folder / "records.jsonl")
+    expected = render_table(spec, records)
     table = folder / "table.md"
     if not table.is_file():
         return f"{table} is missing: run python -m lmtrain.study {spec.name} --render"
     if table.read_text() != expected:
         return f"{table} differs from its rendering: run python -m lmtrain.study {spec.name} --render"
     summary = folder / "summary.md"
-    budgets = [60 * minutes for minutes in spec.budgets or []]
-    runs = recorded_runs(read_records(folder / "records.jsonl")) if budgets else []
-    if budgets and (not summary.is_file() or summary.read_text() != budget_table(runs, budgets)):
+    if spec.budgets and (
+        not summary.is_file() or summary.read_text() != summary_table(recorded_runs(records), spec.budgets)
+    ):
         return f"{summary} is missing or differs from its rendering: run python -m lmtrain.study {spec.name} --render"
     return None

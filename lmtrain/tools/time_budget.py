@@ -92,10 +92,15 @@ def recorded_runs(records: list[dict[str, Any]]) -> list[TimedRun]:
     return runs
 
 
+def summary_table(runs: list[TimedRun], minutes: list[float]) -> str:
+    """summary.md's text: ``budget_table`` at budgets given in minutes."""
+    return budget_table(runs, [60 * m for m in minutes])
+
+
 def write_summary(runs: list[TimedRun], budgets: list[float], out: Path, title: str) -> list[Path]:
     """summary.md (the table at ``budgets``, minutes) and ppl_vs_time.png into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.md").write_text(budget_table(runs, [60 * b for b in budgets]))
+    (out / "summary.md").write_text(summary_table(runs, budgets))
     return [out / "summary.md", plot_ppl_vs_time(runs, out / "ppl_vs_time.png", title)]
 
 
