@@ -2,9 +2,12 @@
 
 The forward pass walks the vocabulary in chunks of ``chunk`` classes and carries a running log-sum-exp per row;
 it keeps only the inputs, the rows' log-normalizers (N,) and the target ids. The backward pass recomputes each
-chunk's logits, turns them into that chunk's softmax - one-hot (scaled by the incoming gradient) and from it adds
-the chunk's share of the hidden-state gradient and writes the chunk's rows of the weight and bias gradients. Peak
-extra memory is a few (N, chunk) blocks instead of several (N, n) ones; the arithmetic is the dense path's.
+chunk's logits and turns them, in their own buffer, into that chunk's columns of the softmax; these enter the
+products unscaled (the incoming gradient scales the (N, d) sides), and the one-hot part of softmax - one-hot is
+added once after the loop, one class per row. Peak extra memory is a few (N, chunk) blocks instead of several
+(N, n) ones; the arithmetic is the dense path's. A chunk is read or written about 12 times per step (forward product and
+log-softmax; backward product, shift, exp, bias sum and the two products), which matters where a step is bound by
+memory traffic (a GPU at large N x n); on a CPU the four products dominate.
 
 Under autocast the logits are computed in the autocast dtype (as ``F.linear`` would compute the dense logits) and
 everything after them (log-sum-exp, softmax, gradient accumulation) in float32 or wider.
@@ -44,9 +47,12 @@ class _ChunkedSoftmaxNLL(torch.autograd.Function):
             for start in range(0, num_classes, chunk):
                 end = min(start + chunk, num_classes)
                 logits = F.linear(h, weight[start:end].to(dtype), chunk_bias(bias, start, end, dtype)).to(acc)  # (N, c)
-                log_z = torch.logaddexp(log_z, torch.logsumexp(logits, dim=1))
                 local, inside = local_targets(target, start, end)
                 picked = logits.gather(1, local[:, None])[:, 0]  # (N,)
+                # the chunk's log-sum-exp as cross-entropy + picked logit: one fused log-softmax reads the chunk
+                # twice, where logsumexp's max, shift, exp and sum read and write it about six times
+                chunk_log_z = F.cross_entropy(logits, local, reduction="none") + picked  # (N,)
+                log_z = torch.logaddexp(log_z, chunk_log_z)
                 target_logit = torch.where(inside, picked, target_logit)
         ctx.save_for_backward(hidden, weight, bias, target, log_z)
         ctx.chunk, ctx.dtype = chunk, dtype
@@ -55,32 +61,40 @@ class _ChunkedSoftmaxNLL(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_nll: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None, None, None]:  # type: ignore[override]
+        """d nll_i / d logit_ij = p_ij - [j = target_i], times grad_i. The softmax part p is recomputed per chunk and
+        enters the products unscaled (grad_i scales the (N, d) and (N,) sides instead of every (N, c) element); the
+        one-hot part touches one class per row and is added once, outside the loop."""
         hidden, weight, bias, target, log_z = ctx.saved_tensors
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
         dtype, num_classes = ctx.dtype, weight.shape[0]
         acc = log_z.dtype
-        grad_nll = grad_nll.to(acc)
-        grad_hidden = torch.zeros_like(hidden, dtype=acc) if need_hidden else None  # (N, d)
-        grad_weight = torch.empty_like(weight) if need_weight else None  # (n, d)
-        grad_bias = torch.empty_like(bias) if need_bias else None  # (n,); never for a missing bias
+        grad = grad_nll.to(acc)  # (N,)
         with float32_region():
             h = hidden.to(dtype)
+            scaled_h = (hidden.to(acc) * grad[:, None]).to(dtype)  # (N, d): grad_i h_i, the weight gradient's side
+            probs_w = torch.zeros_like(hidden, dtype=acc) if need_hidden else None  # (N, d): sum_j p_ij w_j
+            grad_weight = torch.empty_like(weight) if need_weight else None  # (n, d)
+            grad_bias = torch.empty_like(bias) if need_bias else None  # (n,); never for a missing bias
             for start in range(0, num_classes, ctx.chunk):
                 end = min(start + ctx.chunk, num_classes)
                 w = weight[start:end].to(dtype)  # (c, d)
                 logits = F.linear(h, w, chunk_bias(bias, start, end, dtype)).to(acc)  # (N, c)
-                # d nll / d logits = (softmax - onehot) * grad, built in place in the logits' buffer
-                grad_logits = logits.sub_(log_z[:, None]).exp_().mul_(grad_nll[:, None])  # (N, c)
-                local, inside = local_targets(target, start, end)
-                grad_logits.scatter_add_(1, local[:, None], (-grad_nll * inside)[:, None])
+                probs = logits.sub_(log_z[:, None]).exp_()  # (N, c) softmax over all n, in the logits' buffer
                 if grad_bias is not None:
-                    grad_bias[start:end] = grad_logits.sum(0)
-                grad_logits = grad_logits.to(dtype)  # the products in the logits' dtype, as the dense path's
-                if grad_hidden is not None:
-                    grad_hidden.add_(grad_logits @ w)  # (N, d)
+                    grad_bias[start:end] = grad @ probs  # (c,)
+                probs = probs.to(dtype)  # the products in the logits' dtype, as the dense path's
+                if probs_w is not None:
+                    probs_w.add_(probs @ w)  # (N, d)
                 if grad_weight is not None:
-                    grad_weight[start:end] = grad_logits.T @ h  # (c, d)
-        grad_hidden = grad_hidden.to(hidden.dtype) if grad_hidden is not None else None
+                    grad_weight[start:end] = probs.T @ scaled_h  # (c, d)
+            # the one-hot part: -grad_i at (i, target_i)
+            if grad_bias is not None:
+                grad_bias.index_add_(0, target, -grad.to(grad_bias.dtype))
+            if grad_weight is not None:
+                grad_weight.index_add_(0, target, -scaled_h.to(grad_weight.dtype))
+            grad_hidden = None
+            if probs_w is not None:
+                grad_hidden = ((probs_w - weight[target].to(acc)) * grad[:, None]).to(hidden.dtype)  # (N, d)
         return grad_hidden, grad_weight, grad_bias, None, None
 
 
