@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 # operators that neither launch work nor wait for the device: allocations without a fill and metadata
@@ -137,20 +138,48 @@ def synthetic_counts(num_classes: int) -> torch.Tensor:
     return (1e7 / torch.arange(1, num_classes + 1, dtype=torch.float64)).round().clamp_min(1).long()
 
 
-def count_train_step(
-    overrides: list[str], num_classes: int, batch: tuple[int, int] = (20, 35), warmup: int = 2, seed: int = 0
-) -> Counts:
-    """The counts of one ``train_step`` of the model ``overrides`` describe (the default model otherwise), for a
-    vocabulary of ``num_classes``, on a random batch of ``batch`` (B, T) token ids, after ``warmup`` steps."""
+@dataclass
+class StepFixture:
+    """What one ``train_step`` needs: a built module, its optimizer, the config and random (B, T + 1) windows."""
+
+    module: Any
+    optimizer: torch.optim.Optimizer
+    cfg: Any
+    windows: Tensor  # (steps, B, T + 1) token ids; inputs are [:, :-1], targets [:, 1:]
+
+    def step(self, tokens: Tensor, state: Any) -> Any:
+        """One ``train_step`` on the window ``tokens`` (B, T + 1) from ``state``; its ``Window``."""
+        from lmtrain.training.step import train_step
+
+        batch = (tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())  # inputs, targets (B, T)
+        module, cfg = self.module, self.cfg
+        return train_step(
+            module.encoder, module.output, batch, state, self.optimizer, cfg.optim.clip, cfg.loss_reduction
+        )
+
+
+def step_fixture(
+    overrides: list[str],
+    num_classes: int,
+    steps: int,
+    batch: tuple[int, int] = (20, 35),
+    seed: int = 0,
+    device: str = "cpu",
+) -> StepFixture:
+    """The model ``overrides`` describe (the default model otherwise) for a vocabulary of ``num_classes`` with Zipf
+    counts, on ``device`` (``trainer.accelerator=cpu`` on a CPU, else ``gpu``: ``execution=auto`` follows it), and
+    ``steps`` random windows of ``batch`` (B, T) drawn beforehand: the data is not the step's work."""
     from lmtrain.config import compose_config
     from lmtrain.training.build import build_module
-    from lmtrain.training.step import train_step
 
-    cfg = compose_config(["data=synthetic", f"data.vocab_size={num_classes}", "trainer.accelerator=cpu", *overrides])
+    accelerator = "cpu" if torch.device(device).type == "cpu" else "gpu"
+    cfg = compose_config(
+        ["data=synthetic", f"data.vocab_size={num_classes}", f"trainer.accelerator={accelerator}", *overrides]
+    )
     torch.manual_seed(seed)
     counts = synthetic_counts(num_classes)
     stream = torch.multinomial(counts.double(), 20_000, replacement=True)  # a token stream for bigram-type parts
-    module = build_module(cfg, num_classes, counts, stream)
+    module = build_module(cfg, num_classes, counts, stream).to(device)
     module.train()
     optimizer = module.configure_optimizers()["optimizer"]
     if module.output.gpu_paths:  # torch's optimizers default to their multi-tensor (foreach) kernels on CUDA tensors
@@ -159,16 +188,20 @@ def count_train_step(
             if not any(id(p) in sparse for p in group["params"]):  # sparse gradients take the per-tensor path
                 group["foreach"] = True
     rows, cols = batch
-    windows = torch.multinomial(counts.double(), (warmup + 1) * rows * (cols + 1), replacement=True)
-    windows = windows.view(warmup + 1, rows, cols + 1)  # drawn before counting: the data is not the step's work
+    windows = torch.multinomial(counts.double(), steps * rows * (cols + 1), replacement=True)
+    return StepFixture(module, optimizer, cfg, windows.view(steps, rows, cols + 1).to(device))
+
+
+def count_train_step(
+    overrides: list[str], num_classes: int, batch: tuple[int, int] = (20, 35), warmup: int = 2, seed: int = 0
+) -> Counts:
+    """The counts of one ``train_step`` of the model ``overrides`` describe (the default model otherwise), for a
+    vocabulary of ``num_classes``, on a random batch of ``batch`` (B, T) token ids, after ``warmup`` steps."""
+    fixture = step_fixture(overrides, num_classes, warmup + 1, batch, seed)
     state = None
-    for tokens in windows:  # the last one is counted
-        batch = (tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())  # inputs, targets (B, T)
+    for tokens in fixture.windows:  # the last one is counted
         with DispatchCounter() as counter:
-            window = train_step(
-                module.encoder, module.output, batch, state, optimizer, cfg.optim.clip, cfg.loss_reduction
-            )
-        state = window.state
+            state = fixture.step(tokens, state).state
     return counter.counts
 
 
