@@ -109,3 +109,15 @@ def test_the_clock_times_the_steps_after_the_warmup(tmp_path):
     with pytest.raises(ValueError, match="at least 2"):
         clock.write_text(json.dumps({"warmup": 1, "seconds": [1.0], "tokens": [10]}))
         clock_throughput(clock, 1)
+
+
+def test_a_cell_shows_its_median_and_how_far_its_rounds_spread():
+    """Which bug: a table that hides how much the rounds of one cell disagree (on an H200 they moved by up to 15%)."""
+    from lmtrain.study.gpu_bench import _cell_columns
+
+    def cell(*samples: float) -> dict:
+        return {"status": "ok", "tokens_per_sec": list(samples), "peak_gib": 1.0}
+
+    assert _cell_columns(cell(100.0, 120.0, 110.0), 220.0, 3) == ["110 ±9%", "0.50", "1.00"]
+    assert _cell_columns(cell(1000.0, 1001.0), 1000.5, 3)[0] == "1,000 ±<1% (2 of 3 rounds)"
+    assert _cell_columns(cell(500.0), None, 1) == ["500", "—", "1.00"]

@@ -62,8 +62,16 @@ def _cell_columns(cell: dict[str, Any] | None, full: float | None, rounds: int) 
         return [f"{cell['status']}: {cell.get('reason') or ''}".strip(": "), "", ""]
     ratio = f"{speed / full:.2f}" if full else "—"
     peak = "—" if cell.get("peak_gib") is None else f"{cell['peak_gib']:.2f}"
-    done = len(cell["tokens_per_sec"])
-    return [f"{speed:,.0f}" + (f" ({done} of {rounds} rounds)" if done < rounds else ""), ratio, peak]
+    samples = cell["tokens_per_sec"]
+    half_range = spread_percent(samples) if len(samples) > 1 else None
+    spread = "" if half_range is None else f" ±{half_range:.0f}%" if half_range >= 1 else " ±<1%"
+    done = len(samples)
+    return [f"{speed:,.0f}{spread}" + (f" ({done} of {rounds} rounds)" if done < rounds else ""), ratio, peak]
+
+
+def spread_percent(samples: list[float]) -> float:
+    """Half the range of a cell's rounds, in percent of their median: how far one round may sit from the figure."""
+    return 50 * (max(samples) - min(samples)) / statistics.median(samples)
 
 
 def render_gpu(name: str, record: dict[str, Any]) -> str:
@@ -77,8 +85,9 @@ def render_gpu(name: str, record: dict[str, Any]) -> str:
         f"GPU benchmark, `scripts/bench_gpu.py` ({name}) on {env['device']} (torch {env['torch']}, CUDA "
         f"{env.get('cuda') or '—'}), commit {record['commit']}: {settings['rounds']} interleaved round(s) of at most "
         f"{settings['steps']} steps ({settings['warmup']} warm-up), each cell at most {settings['cell_seconds']:g} s "
-        f"of training, one job at a time on the device; tokens/s is the median of the rounds, x full the ratio to "
-        f"`full` on the same corpus and precision, peak GiB torch's peak allocated GPU memory.{kind}",
+        f"of training, one job at a time on the device; tokens/s is the median of the rounds (± half their range, "
+        f"in % of the median, where a cell has several), x full the ratio of the medians to `full` on the same "
+        f"corpus and precision, peak GiB torch's peak allocated GPU memory.{kind}",
         "",
         f"CUDA tests (`{' '.join(tests.get('command') or ['not run'])}`): " + tests_line(tests),
         "",
