@@ -81,12 +81,12 @@ class _ChunkedSoftmaxNLL(torch.autograd.Function):
                 logits = F.linear(h, w, chunk_bias(bias, start, end, dtype)).to(acc)  # (N, c)
                 probs = logits.sub_(log_z[:, None]).exp_()  # (N, c) softmax over all n, in the logits' buffer
                 if grad_bias is not None:
-                    grad_bias[start:end] = grad @ probs  # (c,)
+                    product_into(grad_bias[start:end], probs.T, grad)  # (c,)
                 probs = probs.to(dtype)  # the products in the logits' dtype, as the dense path's
                 if probs_w is not None:
                     probs_w.add_(probs @ w)  # (N, d)
                 if grad_weight is not None:
-                    grad_weight[start:end] = probs.T @ scaled_h  # (c, d)
+                    product_into(grad_weight[start:end], probs.T, scaled_h)  # (c, d)
             # the one-hot part: -grad_i at (i, target_i)
             if grad_bias is not None:
                 grad_bias.index_add_(0, target, -grad.to(grad_bias.dtype))
@@ -96,6 +96,14 @@ class _ChunkedSoftmaxNLL(torch.autograd.Function):
             if probs_w is not None:
                 grad_hidden = ((probs_w - weight[target].to(acc)) * grad[:, None]).to(hidden.dtype)  # (N, d)
         return grad_hidden, grad_weight, grad_bias, None, None
+
+
+def product_into(out: Tensor, a: Tensor, b: Tensor) -> None:
+    """``out`` := a @ b, written in place where the dtypes agree (no temporary of out's size to copy), else cast."""
+    if a.dtype == b.dtype == out.dtype:
+        torch.matmul(a, b, out=out)
+    else:
+        out.copy_(a @ b)
 
 
 def chunk_bias(bias: Tensor | None, start: int, end: int, dtype: torch.dtype) -> Tensor | None:
