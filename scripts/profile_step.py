@@ -36,15 +36,15 @@ def profile_steps(entry: str, n: int, batch: tuple[int, int], device: str, warmu
     name, *extra = entry.split(":")
     fixture = step_fixture([f"output={name}", *extra], n, warmup + steps, batch, device=device)
     state = None
-    for tokens in fixture.windows[:warmup]:
-        state = fixture.step(tokens, state).state
+    for window in fixture.batches[:warmup]:
+        state = fixture.step(window, state).state
     cuda = torch.device(device).type == "cuda"
     activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
     synchronize(device)
     with profile(activities=activities) as prof:
         start = time.perf_counter()
-        for tokens in fixture.windows[warmup:]:
-            state = fixture.step(tokens, state).state
+        for window in fixture.batches[warmup:]:
+            state = fixture.step(window, state).state
         synchronize(device)
         wall = time.perf_counter() - start
     key = "self_device_time_total" if cuda else "self_cpu_time_total"

@@ -19,6 +19,10 @@ def render_bench(path: Path) -> str:
         return launches_table(record)
     if record.get("kind") == KIND:
         return render_gpu(path.name, record)
+    if record.get("kind") == "bench_traffic":  # a scripts/bench_traffic.py record
+        from lmtrain.tools.traffic import traffic_table
+
+        return traffic_table(record)
     isolated = ", each cell in its own process" if "child" in str(record.get("peak_memory", "")) else ""
     lines = [
         f"<!-- rendered by `python -m lmtrain.study --bench docs/bench/{path.name}` from that record: do not edit -->",

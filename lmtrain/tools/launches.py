@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -133,6 +133,9 @@ class DispatchCounter(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+C = TypeVar("C", bound=DispatchCounter)
+
+
 def synthetic_counts(num_classes: int) -> torch.Tensor:
     """Zipf training counts (c_i ∝ 1 / (i + 1)) of a vocabulary of ``num_classes``: what unigram-based parts read."""
     return (1e7 / torch.arange(1, num_classes + 1, dtype=torch.float64)).round().clamp_min(1).long()
@@ -140,18 +143,17 @@ def synthetic_counts(num_classes: int) -> torch.Tensor:
 
 @dataclass
 class StepFixture:
-    """What one ``train_step`` needs: a built module, its optimizer, the config and random (B, T + 1) windows."""
+    """What one ``train_step`` needs: a built module, its optimizer, the config and random batches."""
 
     module: Any
     optimizer: torch.optim.Optimizer
     cfg: Any
-    windows: Tensor  # (steps, B, T + 1) token ids; inputs are [:, :-1], targets [:, 1:]
+    batches: list[tuple[Tensor, Tensor]]  # (inputs, targets), (B, T) token ids each, made before any step
 
-    def step(self, tokens: Tensor, state: Any) -> Any:
-        """One ``train_step`` on the window ``tokens`` (B, T + 1) from ``state``; its ``Window``."""
+    def step(self, batch: tuple[Tensor, Tensor], state: Any) -> Any:
+        """One ``train_step`` on ``batch`` from ``state``; its ``Window``."""
         from lmtrain.training.step import train_step
 
-        batch = (tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())  # inputs, targets (B, T)
         module, cfg = self.module, self.cfg
         return train_step(
             module.encoder, module.output, batch, state, self.optimizer, cfg.optim.clip, cfg.loss_reduction
@@ -189,7 +191,9 @@ def step_fixture(
                 group["foreach"] = True
     rows, cols = batch
     windows = torch.multinomial(counts.double(), steps * rows * (cols + 1), replacement=True)
-    return StepFixture(module, optimizer, cfg, windows.view(steps, rows, cols + 1).to(device))
+    windows = windows.view(steps, rows, cols + 1).to(device)
+    batches = [(w[:, :-1].contiguous(), w[:, 1:].contiguous()) for w in windows]  # inputs, targets (B, T)
+    return StepFixture(module, optimizer, cfg, batches)
 
 
 def count_train_step(
@@ -197,12 +201,20 @@ def count_train_step(
 ) -> Counts:
     """The counts of one ``train_step`` of the model ``overrides`` describe (the default model otherwise), for a
     vocabulary of ``num_classes``, on a random batch of ``batch`` (B, T) token ids, after ``warmup`` steps."""
+    return counted_step(DispatchCounter, overrides, num_classes, batch, warmup, seed).counts
+
+
+def counted_step(
+    counter_type: type[C], overrides: list[str], num_classes: int, batch: tuple[int, int], warmup: int, seed: int
+) -> C:
+    """The ``counter_type`` counter that was active during one ``train_step`` after ``warmup`` steps
+    (``count_train_step``'s step)."""
     fixture = step_fixture(overrides, num_classes, warmup + 1, batch, seed)
     state = None
-    for tokens in fixture.windows:  # the last one is counted
-        with DispatchCounter() as counter:
-            state = fixture.step(tokens, state).state
-    return counter.counts
+    for window in fixture.batches:  # the last one is counted
+        with counter_type() as counter:
+            state = fixture.step(window, state).state
+    return counter
 
 
 def count_draw(overrides: list[str], num_classes: int, positions: int = 700, seed: int = 0) -> Counts:
