@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from lmtrain.tools.launches import step_fixture
+from lmtrain.tools.step_fixture import step_fixture
 
 
 def synchronize(device: str) -> None:

@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
-from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from lmtrain.tools.step_fixture import step_fixture, synthetic_counts
 
 # operators that neither launch work nor wait for the device: allocations without a fill and metadata
 NO_LAUNCH = {
@@ -134,66 +135,6 @@ class DispatchCounter(TorchDispatchMode):
 
 
 C = TypeVar("C", bound=DispatchCounter)
-
-
-def synthetic_counts(num_classes: int) -> torch.Tensor:
-    """Zipf training counts (c_i ∝ 1 / (i + 1)) of a vocabulary of ``num_classes``: what unigram-based parts read."""
-    return (1e7 / torch.arange(1, num_classes + 1, dtype=torch.float64)).round().clamp_min(1).long()
-
-
-@dataclass
-class StepFixture:
-    """What one ``train_step`` needs: a built module, its optimizer, the config and random batches."""
-
-    module: Any
-    optimizer: torch.optim.Optimizer
-    cfg: Any
-    batches: list[tuple[Tensor, Tensor]]  # (inputs, targets), (B, T) token ids each, made before any step
-
-    def step(self, batch: tuple[Tensor, Tensor], state: Any) -> Any:
-        """One ``train_step`` on ``batch`` from ``state``; its ``Window``."""
-        from lmtrain.training.step import train_step
-
-        module, cfg = self.module, self.cfg
-        return train_step(
-            module.encoder, module.output, batch, state, self.optimizer, cfg.optim.clip, cfg.loss_reduction
-        )
-
-
-def step_fixture(
-    overrides: list[str],
-    num_classes: int,
-    steps: int,
-    batch: tuple[int, int] = (20, 35),
-    seed: int = 0,
-    device: str = "cpu",
-) -> StepFixture:
-    """The model ``overrides`` describe (the default model otherwise) for a vocabulary of ``num_classes`` with Zipf
-    counts, on ``device`` (``trainer.accelerator=cpu`` on a CPU, else ``gpu``: ``execution=auto`` follows it), and
-    ``steps`` random windows of ``batch`` (B, T) drawn beforehand: the data is not the step's work."""
-    from lmtrain.config import compose_config
-    from lmtrain.training.build import build_module
-
-    accelerator = "cpu" if torch.device(device).type == "cpu" else "gpu"
-    cfg = compose_config(
-        ["data=synthetic", f"data.vocab_size={num_classes}", f"trainer.accelerator={accelerator}", *overrides]
-    )
-    torch.manual_seed(seed)
-    counts = synthetic_counts(num_classes)
-    stream = torch.multinomial(counts.double(), 20_000, replacement=True)  # a token stream for bigram-type parts
-    module = build_module(cfg, num_classes, counts, stream).to(device)
-    module.train()
-    optimizer = module.configure_optimizers()["optimizer"]
-    if module.output.gpu_paths:  # torch's optimizers default to their multi-tensor (foreach) kernels on CUDA tensors
-        sparse = {id(p) for p in module.sparse_parameters()}
-        for group in getattr(optimizer, "param_groups", []):
-            if not any(id(p) in sparse for p in group["params"]):  # sparse gradients take the per-tensor path
-                group["foreach"] = True
-    rows, cols = batch
-    windows = torch.multinomial(counts.double(), steps * rows * (cols + 1), replacement=True)
-    windows = windows.view(steps, rows, cols + 1).to(device)
-    batches = [(w[:, :-1].contiguous(), w[:, 1:].contiguous()) for w in windows]  # inputs, targets (B, T)
-    return StepFixture(module, optimizer, cfg, batches)
 
 
 def count_train_step(
