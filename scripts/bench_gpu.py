@@ -35,7 +35,7 @@ from bench_train import base_overrides, data_overrides, plain_round, round_overr
 
 from lmtrain.config import compose_config
 from lmtrain.study.bench import write_bench
-from lmtrain.study.gpu_bench import KIND, PLAIN, checks, median
+from lmtrain.study.gpu_bench import KIND, PLAIN, PLAIN_READ, checks, median
 from lmtrain.tools.provenance import commit, environment, run_cuda_tests
 from lmtrain.tools.step_clock import clock_throughput
 from lmtrain.training.run import train
@@ -100,7 +100,7 @@ def strategies(args: argparse.Namespace) -> dict[str, str]:
 
 # the cells the goals compare, run first in each corpus and precision: a round that the time budget cuts short still
 # has them side by side (an H200 run of 9.3 minutes had the plain loop of its last PTB round cut off)
-GOAL_CELLS = ("full", PLAIN, "rff")
+GOAL_CELLS = ("full", PLAIN, PLAIN_READ, "rff")
 
 
 def run_order(cells: list[dict[str, Any]]) -> list[int]:
@@ -138,9 +138,9 @@ def measure(cell: dict[str, Any], args: argparse.Namespace, run_dir: Path) -> fl
         warmup=args.warmup,
         override=[*(QUICK if args.quick else []), *args.override, f"trainer.precision={cell['precision']}"],
     )  # fmt: skip
-    if cell["strategy"] == PLAIN:
+    if cell["strategy"] in (PLAIN, PLAIN_READ):
         cell["overrides"] = base_overrides(bench, cell["corpus"])
-        return plain_round(bench, cell["corpus"], max_seconds=args.cell_seconds)
+        return plain_round(bench, cell["corpus"], args.cell_seconds, read_loss=cell["strategy"] == PLAIN_READ)
     clock = run_dir / "clock.json"
     extra = ["+callbacks.clock._target_=lmtrain.tools.step_clock.StepClock", f"+callbacks.clock.path={clock}"]
     extra += [f"+callbacks.clock.warmup={args.warmup}", f"max_train_seconds={args.cell_seconds}"]
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cells = [
         {"corpus": c, "precision": p, "strategy": s, "entry": named.get(s), "status": "ok", "reason": None}
         | {"tokens_per_sec": [], "steps_timed": [], "seconds": [], "peak_gib": None, "overrides": []}
-        for c in corpora for p in precisions for s in [*named, PLAIN]
+        for c in corpora for p in precisions for s in [*named, PLAIN, PLAIN_READ]
     ]  # fmt: skip
     missing = {corpus: missing_corpus(corpus) for corpus in corpora}
     for cell in cells:

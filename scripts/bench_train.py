@@ -152,9 +152,13 @@ def isolated_round(entry: str, args: argparse.Namespace, workdir: Path, index: i
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def plain_round(args: argparse.Namespace, data: str | None = None, max_seconds: float | None = None) -> float:
+def plain_round(
+    args: argparse.Namespace, data: str | None = None, max_seconds: float | None = None, read_loss: bool = False
+) -> float:
     """The hand-written full-softmax loop on the same data layout and model sizes, on ``args.device`` (else the
-    trainer's accelerator) and under autocast for ``trainer.precision=bf16-mixed``; ``max_seconds`` ends it early."""
+    trainer's accelerator) and under autocast for ``trainer.precision=bf16-mixed``; ``max_seconds`` ends it early.
+    ``read_loss``: the host reads each step's loss right after the forward pass, as lmtrain's step does (its one
+    sync, for the non-finite check and the metrics); without it the loop never waits for the device."""
     cfg = compose_config(base_overrides(args, data))
     dm = instantiate(cfg.data)
     dm.setup()
@@ -187,6 +191,8 @@ def plain_round(args: argparse.Namespace, data: str | None = None, max_seconds: 
         with autocast():
             out, state = lstm(emb(x), state)
             loss = F.cross_entropy(proj(out).reshape(-1, n), y.reshape(-1)) * x.shape[1]
+        if read_loss:
+            loss.item()
         state = tuple(s.detach() for s in state)
         opt.zero_grad()
         loss.backward()

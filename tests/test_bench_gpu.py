@@ -34,7 +34,7 @@ def test_the_quick_cpu_run_writes_every_cell_the_goals_and_the_table(bench_gpu, 
     assert record["kind"] == "bench_gpu" and record["quick"] and record["environment"]["device_type"] == "cpu"
     assert record["settings"]["classes"] == {"synthetic:300": 300}
     cells = {(c["precision"], c["strategy"]): c for c in record["cells"]}
-    strategies = ("full", "full chunked", "full dense", "rff", "broken", "plain loop")  # full's two paths side by side
+    strategies = ("full", "full chunked", "full dense", "rff", "broken", "plain loop", "plain loop, loss read")
     assert set(cells) == {(p, s) for p in ("32-true", "bf16-mixed") for s in strategies}
     for (precision, strategy), cell in cells.items():
         if strategy == "broken":
@@ -42,7 +42,7 @@ def test_the_quick_cpu_run_writes_every_cell_the_goals_and_the_table(bench_gpu, 
             continue
         assert cell["status"] == "ok" and len(cell["tokens_per_sec"]) == 1 and cell["tokens_per_sec"][0] > 0
         assert f"trainer.precision={precision}" in cell["overrides"]
-        if strategy != "plain loop":
+        if not strategy.startswith("plain loop"):
             assert cell["steps_timed"] == [4]  # 6 steps, 2 of warm-up
             assert "+callbacks.clock.path=RUN_DIR/clock.json" in cell["overrides"]
     goals = [(c["goal"], c["precision"]) for c in record["checks"]]
@@ -54,6 +54,7 @@ def test_the_quick_cpu_run_writes_every_cell_the_goals_and_the_table(bench_gpu, 
         "| synthetic:300 (300 types): strategy | float32 tokens/s | x full | peak GiB | bf16-mixed tokens/s |" in table
     )
     assert "| full | " in table and "| plain loop | " in table and "| broken | error: " in table
+    assert "| plain loop, loss read | " in table
     assert "Smoke run" in table and "CUDA tests (`not run`): not run (--tests none)" in table
 
 
@@ -84,11 +85,11 @@ def test_the_chunked_and_the_dense_full_softmax_are_measured_where_full_has_both
 
 def test_a_round_runs_the_goals_cells_first_in_each_corpus_and_precision(bench_gpu):
     """A round cut short by the time budget keeps full, the plain loop and rff side by side."""
-    names = ["full", "full chunked", "uniform", "rff", bench_gpu.PLAIN]
+    names = ["full", "full chunked", "uniform", "rff", bench_gpu.PLAIN, bench_gpu.PLAIN_READ]
     groups = [(c, p) for c in ("ptb", "zipf:1e6") for p in ("32-true", "bf16-mixed")]
     cells = [{"corpus": c, "precision": p, "strategy": s} for c, p in groups for s in names]
     order = [(cells[i]["corpus"], cells[i]["precision"], cells[i]["strategy"]) for i in bench_gpu.run_order(cells)]
-    expected = ["full", bench_gpu.PLAIN, "rff", "full chunked", "uniform"]
+    expected = ["full", bench_gpu.PLAIN, bench_gpu.PLAIN_READ, "rff", "full chunked", "uniform"]
     assert order == [(c, p, s) for c, p in groups for s in expected]
 
 
@@ -121,3 +122,21 @@ def test_a_cell_shows_its_median_and_how_far_its_rounds_spread():
     assert _cell_columns(cell(100.0, 120.0, 110.0), 220.0, 3) == ["110 ±9%", "0.50", "1.00"]
     assert _cell_columns(cell(1000.0, 1001.0), 1000.5, 3)[0] == "1,000 ±<1% (2 of 3 rounds)"
     assert _cell_columns(cell(500.0), None, 1) == ["500", "—", "1.00"]
+
+
+def test_the_plain_loop_with_its_loss_read_waits_once_more_a_step(bench_gpu, one_thread):
+    """Which bug: a "loss read" cell that does not read (then it cannot tell the sync's cost from the rest)."""
+    import argparse
+
+    from lmtrain.tools.launches import DispatchCounter
+
+    bench = argparse.Namespace(
+        experiment="none", device="cpu", threads=None, default_malloc=False, steps=5, warmup=1,
+        override=[*bench_gpu.QUICK, "trainer.precision=32-true"],
+    )  # fmt: skip
+    syncs = {}
+    for read in (False, True):
+        with DispatchCounter() as counter:
+            assert bench_gpu.plain_round(bench, "synthetic:300", read_loss=read) > 0
+        syncs[read] = counter.counts.sync_ops.get("_local_scalar_dense", 0)
+    assert syncs[True] - syncs[False] == 5  # one read a step (the data's setup reads a few values either way)

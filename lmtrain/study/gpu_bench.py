@@ -13,6 +13,7 @@ from typing import Any
 
 KIND = "bench_gpu"
 PLAIN = "plain loop"  # the hand-written PyTorch loop's cells
+PLAIN_READ = "plain loop, loss read"  # the same loop reading each step's loss on the host, as lmtrain's step does
 # (what is compared, numerator, denominator, goal, which corpora: "all", "first" (10^4) or "last" (10^6))
 GOALS = (
     ("lmtrain full / plain PyTorch loop", "full", PLAIN, 0.9, "all"),
@@ -92,7 +93,8 @@ def render_gpu(name: str, record: dict[str, Any]) -> str:
         f"CUDA tests (`{' '.join(tests.get('command') or ['not run'])}`): " + tests_line(tests),
         "",
     ]
-    strategies = [*settings["strategies"], PLAIN]
+    read = any(c["strategy"] == PLAIN_READ for c in record["cells"])  # records before it lack the cell
+    strategies = [*settings["strategies"], PLAIN, *([PLAIN_READ] if read else [])]
     for corpus in settings["corpora"]:
         classes = settings.get("classes", {}).get(corpus)
         title = f"{corpus} ({classes:,} types)" if classes else corpus
