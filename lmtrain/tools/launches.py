@@ -128,10 +128,15 @@ class DispatchCounter(TorchDispatchMode):
         if _is_sync(name, overload, args, kwargs):
             self.counts.syncs += 1
             self.counts.sync_ops[name] += 1
+        out = func(*args, **kwargs)
         if name not in NO_LAUNCH and not _is_view(func):
             self.counts.launches += 1
             self.counts.by_op[name] += 1
-        return func(*args, **kwargs)
+            self.launched(name, args, kwargs, out)
+        return out
+
+    def launched(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        """Called after each operator that launches work, with what it read and returned; a subclass's hook."""
 
 
 C = TypeVar("C", bound=DispatchCounter)

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
-from lmtrain.tools.launches import NO_LAUNCH, Counts, DispatchCounter, _is_view, counted_step
+from lmtrain.tools.launches import Counts, DispatchCounter, counted_step
 
 KIND = "bench_traffic"  # a scripts/bench_traffic.py record
 GATHERS = {"index_select", "index", "gather", "embedding", "take", "_embedding_bag", "embedding_bag"}
@@ -106,16 +106,10 @@ class TrafficCounter(DispatchCounter):
         super().__init__()
         self.traffic = Traffic()
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        out = super().__torch_dispatch__(func, types, args, kwargs)
-        name = func._schema.name.split("::")[-1]
-        if name in NO_LAUNCH or _is_view(func):
-            return out
+    def launched(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
         moved = operator_bytes(name, args, kwargs, out)
         self.traffic.bytes += moved
         self.traffic.by_site[(name, _call_site())] += moved
-        return out
 
 
 def _call_site() -> str:
