@@ -85,7 +85,8 @@ def test_two_training_steps_on_cuda_equal_the_cpu_steps(output, extra, exact_flo
             batch = (tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
             window = train_step(module.encoder, module.output, batch, state, optimizer, cfg.optim.clip)
             state = window.state
-            losses[device].append(float(window.loss))
+            losses[device].append(window.value)  # on CUDA: the pinned copy read after its event (LossReading)
+            assert window.value == float(window.loss)
         weights[device] = {name: p.detach().cpu() for name, p in module.named_parameters()}
     torch.testing.assert_close(torch.tensor(losses["cuda"]), torch.tensor(losses["cpu"]), rtol=1e-4, atol=1e-5)
     for name, value in weights["cpu"].items():

@@ -7,10 +7,11 @@ import csv
 
 import lightning
 import pytest
+import torch
 
 from lmtrain.training.build import build_model
 from lmtrain.training.rng import seed_run, set_rng_states
-from lmtrain.training.step import evaluate, train_step
+from lmtrain.training.step import NonFiniteLossError, evaluate, train_step
 from lmtrain.training.trainer import prepare_process
 
 STEPS = 4
@@ -48,3 +49,20 @@ def test_train_step_takes_the_steps_of_a_training_run(tiny_config, tmp_path, out
     module.eval()
     ppl = evaluate(module.encoder, module.output, datamodule.val_dataloader()).ppl
     assert ppl == pytest.approx(metrics["val/ppl"], rel=1e-4)
+
+
+def test_a_non_finite_loss_is_read_after_backward_and_stops_before_the_weights_change(tiny_config, one_thread):
+    """The loss is read once the backward pass is queued (``LossReading``), not at once: the check must still come
+    before the optimizer step, or a NaN step would write NaN into every weight."""
+    cfg = tiny_config("trainer.max_steps=1")
+    datamodule, module = build_model(cfg)
+    optimizer = module.configure_optimizers()["optimizer"]
+    before = {name: p.detach().clone() for name, p in module.named_parameters()}
+    loss = module.output.loss
+    module.output.loss = lambda *args, **kwargs: loss(*args, **kwargs) * float("nan")
+    batch = next(iter(datamodule.train_dataloader()))
+    with pytest.raises(NonFiniteLossError, match="training loss became nan"):
+        train_step(module.encoder, module.output, batch, None, optimizer, cfg.optim.clip)
+    assert any(p.grad is not None and p.grad.isnan().any() for p in module.parameters())  # backward ran first
+    for name, param in module.named_parameters():
+        assert torch.equal(param.detach(), before[name]), name

@@ -48,7 +48,7 @@ class MeteredModule(FastAttributes, L.LightningModule):
         """Write one training step's metrics: train/loss at every step, and perplexity (when the loss is the exact
         NLL), learning rate and throughput every ``log_every_n_steps`` steps (Lightning's steps for on_step metrics).
 
-        ``value`` is ``loss`` read on the host (the step's one host sync, ``step.window_loss``); everything here is
+        ``value`` is ``loss`` read on the host (the step's one host sync, ``step.LossReading``); everything here is
         computed from it on the host, so the step waits for the device nowhere else. The values are those
         ``self.log`` gave before (float32 rounding, exp of the loss in its own dtype), but written straight to the
         loggers in one row labelled as Lightning labels a step (its 0-based index, which is the global step before

@@ -16,7 +16,14 @@ from lmtrain.training.optim import build_optimizer
 from lmtrain.training.resume import Resumed, checkpoint_entry, resume_fit
 from lmtrain.training.rng import set_rng_states
 from lmtrain.training.schedule import build_scheduler
-from lmtrain.training.step import NonFiniteLossError, after_update, clip_gradients, window_log_prob, window_loss
+from lmtrain.training.step import (
+    NonFiniteLossError,
+    Window,
+    after_update,
+    clip_gradients,
+    window_log_prob,
+    window_loss,
+)
 
 __all__ = ["LanguageModel", "NonFiniteLossError"]
 
@@ -29,7 +36,10 @@ class LanguageModel(MeteredModule):
     (``lmtrain.training.resume``).
     """
 
-    FAST_ATTRIBUTES = MeteredModule.FAST_ATTRIBUTES | {"_batches_done"}  # written at every step (FastAttributes)
+    FAST_ATTRIBUTES = MeteredModule.FAST_ATTRIBUTES | {
+        "_batches_done",
+        "_window",
+    }  # written every step (FastAttributes)
 
     def __init__(self, encoder: nn.Module, output: OutputLayer, optim: dict[str, Any], loss_reduction: str) -> None:
         super().__init__()
@@ -40,6 +50,7 @@ class LanguageModel(MeteredModule):
         self._eval_sums: Tensor = torch.zeros(2, dtype=torch.float64)  # (sum of -log p, token count)
         self._batches_done = 0  # training windows finished in the current epoch
         self._resumed: Resumed | None = None  # from the checkpoint of a resumed fit, until its first batch
+        self._window: Window | None = None  # the training window whose backward pass is under way
 
     # --- one window (lmtrain.training.step) ----------------------------------------------------------
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
@@ -47,8 +58,15 @@ class LanguageModel(MeteredModule):
         window = window_loss(self.encoder, self.output, batch, self._state["train"], self.loss_reduction, where)
         self._state["train"] = window.state
         self._batches_done = batch_idx + 1  # read by checkpoints saved at the end of this batch
-        self._record_step(window.loss, window.value, batch[0].numel(), self.output.loss_is_nll)
+        self._window = window
         return window.objective
+
+    def on_after_backward(self) -> None:
+        """The loss read (the step's one host sync) and checked once the backward pass is queued, before clipping
+        and the optimizer step (``step.LossReading``); then the step's metrics."""
+        window, self._window = self._window, None
+        if window is not None:
+            self._record_step(window.loss, window.value, window.hidden.shape[0], self.output.loss_is_nll)
 
     def on_train_epoch_start(self) -> None:
         if self._resumed is not None and self._resumed.mid_epoch:  # Lightning may or may not call this hook then

@@ -24,20 +24,58 @@ Batch = tuple[Tensor, Tensor]  # inputs, targets: (B, T) token ids
 
 
 class NonFiniteLossError(RuntimeError):
-    """Training produced a NaN or infinite loss; raised before the bad step touches the weights."""
+    """Training produced a NaN or infinite loss; raised before the optimizer step, so the weights stay untouched."""
+
+
+class LossReading:
+    """A step's loss on its way to the host. On a GPU it is copied without waiting (into pinned memory, an event
+    recorded after the copy), so the host goes on queuing the backward pass and, when it asks for the value, waits
+    for the forward pass only, long done by then: reading it at once would leave the device idle while the host
+    queues the backward pass (10% of a plain loop's speed at n = 10^5 on an H200). Elsewhere it is read when asked."""
+
+    def __init__(self, loss: Tensor) -> None:
+        loss = loss.detach()
+        self._event: torch.cuda.Event | None = None
+        if loss.is_cuda:
+            host = torch.empty((), dtype=loss.dtype, pin_memory=True)
+            host.copy_(loss, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record(torch.cuda.current_stream(loss.device))
+            loss = host
+        self._tensor = loss
+        self._value: float | None = None
+
+    def value(self) -> float:
+        """The loss as a Python float: the step's one host sync (on a GPU, a wait for the copy's event)."""
+        if self._value is None:
+            if self._event is not None:
+                self._event.synchronize()
+            self._value = self._tensor.item()
+        return self._value
 
 
 @dataclass
 class Window:
-    """One training window's forward pass: the mean loss per position (``train/loss``) and its value read on the
-    host, the objective the optimizer sees (``loss_reduction``), the hidden states (N, d) and the detached state to
-    carry on."""
+    """One training window's forward pass: the mean loss per position (``train/loss``) on its way to the host
+    (``reading``), the objective the optimizer sees (``loss_reduction``), the hidden states (N, d) and the detached
+    state to carry on; ``where`` names the step in the error of a non-finite loss."""
 
     loss: Tensor
     objective: Tensor
     hidden: Tensor
     state: State
-    value: float  # loss.item(): the step's one host sync, for the non-finite check and every metric of the step
+    reading: LossReading
+    where: str = ""
+
+    @property
+    def value(self) -> float:
+        """The loss read on the host, for the non-finite check and every metric of the step; raises
+        NonFiniteLossError for a NaN or infinite loss. Read it after queuing the backward pass (``train_step``,
+        ``LanguageModel.on_after_backward``) and before the optimizer step."""
+        value = self.reading.value()
+        if not math.isfinite(value):
+            raise NonFiniteLossError(f"training loss became {value}{self.where}; lower optim.lr or check the data")
+        return value
 
 
 def carry(encoder: nn.Module, inputs: Tensor, state: State | None) -> tuple[Tensor, State]:
@@ -53,18 +91,13 @@ def window_loss(
     encoder: nn.Module, output: OutputLayer, batch: Batch, state: State | None, loss_reduction: str, where: str = ""
 ) -> Window:
     """The training loss of one window; ``sum`` multiplies the per-token mean by T (the classic PTB recipes).
-    Raises NonFiniteLossError (naming ``where``) for a NaN or infinite loss.
-
-    The loss is read on the host once (``Window.value``): on a GPU that read waits for the forward pass, and it is
-    the only wait of a training step; the check and the step's metrics all use this one value."""
+    The loss starts on its way to the host (``Window.reading``); ``Window.value`` reads and checks it, naming
+    ``where`` if it is NaN or infinite."""
     inputs, targets = batch
     hidden, state = carry(encoder, inputs, state)
     loss = output.loss(hidden, targets.reshape(-1), inputs=inputs.reshape(-1))
-    value = loss.item()
-    if not math.isfinite(value):
-        raise NonFiniteLossError(f"training loss became {value}{where}; lower optim.lr or check the data")
     objective = loss * inputs.shape[1] if loss_reduction == "sum" else loss
-    return Window(loss, objective, hidden, state, value)
+    return Window(loss, objective, hidden, state, LossReading(loss), where)
 
 
 def clip_gradients(params: Iterable[Tensor], clip: float | None, fixed_shapes: bool = False) -> None:
@@ -89,11 +122,13 @@ def train_step(
     loss_reduction: str = "sum",
     inspect: Callable[[Window], None] | None = None,
 ) -> Window:
-    """One optimizer step on one window, as a training run takes it: forward, backward, ``inspect`` (e.g. gradient
-    norms before clipping), clipping, the optimizer step and the output's after-step hook."""
+    """One optimizer step on one window, as a training run takes it: forward, backward, the loss read and checked
+    (``Window.value``), ``inspect`` (e.g. gradient norms before clipping), clipping, the optimizer step and the
+    output's after-step hook."""
     window = window_loss(encoder, output, batch, state, loss_reduction)
     optimizer.zero_grad(set_to_none=True)
     window.objective.backward()
+    _ = window.value  # the read, once the backward pass is queued; raises before the weights change
     if inspect is not None:
         inspect(window)
     clip_gradients([p for m in (encoder, output) for p in m.parameters()], clip, output.gpu_paths)
