@@ -66,3 +66,14 @@ def test_a_non_finite_loss_is_read_after_backward_and_stops_before_the_weights_c
     assert any(p.grad is not None and p.grad.isnan().any() for p in module.parameters())  # backward ran first
     for name, param in module.named_parameters():
         assert torch.equal(param.detach(), before[name]), name
+
+
+def test_with_gradient_accumulation_every_window_is_read_and_recorded(tiny_config, tmp_path, one_thread):
+    """Two windows per optimizer step: each window's loss is read and checked after its own backward pass
+    (``on_after_backward`` runs for every window; a read in a per-step hook would drop every first window)."""
+    from lmtrain.training.run import train
+
+    train(tiny_config("trainer.max_steps=3", "trainer.accumulate_grad_batches=2", "test_after_fit=false"))
+    with open(tmp_path / "run" / "metrics.csv", newline="") as f:
+        steps = [row["step"] for row in csv.DictReader(f) if row.get("train/loss")]
+    assert steps == ["0", "0", "1", "1", "2", "2"]
