@@ -36,10 +36,7 @@ class LanguageModel(MeteredModule):
     (``lmtrain.training.resume``).
     """
 
-    FAST_ATTRIBUTES = MeteredModule.FAST_ATTRIBUTES | {
-        "_batches_done",
-        "_window",
-    }  # written every step (FastAttributes)
+    FAST_ATTRIBUTES = MeteredModule.FAST_ATTRIBUTES | {"_batches_done", "_window"}  # set every step (FastAttributes)
 
     def __init__(self, encoder: nn.Module, output: OutputLayer, optim: dict[str, Any], loss_reduction: str) -> None:
         super().__init__()
