@@ -1,2 +1,2 @@
 """What every layer may use: the execution switch (CPU or GPU code paths), the float32 regions of mixed
-precision and the range metadata the options share."""
+precision, the range metadata the options share and the constant column of a bias ([x, 1])."""

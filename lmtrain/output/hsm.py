@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from lmtrain.common.columns import with_ones_column
 from lmtrain.common.precision import in_float32
 from lmtrain.output.base import OutputLayer
 from lmtrain.output.hsm_layouts import tree_layout
@@ -55,7 +56,7 @@ class HierarchicalSoftmax(OutputLayer):
 
     def query(self, hidden: Tensor) -> Tensor:
         """(N, d) -> (N, d + 1) = [h, 1], whose dot product with a weight row is that row's score."""
-        return torch.cat([hidden, hidden.new_ones(hidden.shape[0], 1)], dim=1)
+        return with_ones_column(hidden)
 
     def path_lengths(self) -> Tensor:
         """(n,) number of decisions per class (binary trees: code length in bits; two_level: 2)."""

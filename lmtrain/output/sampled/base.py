@@ -8,6 +8,7 @@ from typing import Any, ClassVar, NamedTuple
 import torch
 from torch import Tensor, nn
 
+from lmtrain.common.columns import with_ones_column
 from lmtrain.output.base import OutputLayer, changed_rows, initial_bias
 from lmtrain.output.logsumexp import chunked_logsumexp
 from lmtrain.output.rows import gather_rows
@@ -111,7 +112,7 @@ class SampledOutput(OutputLayer):
         """(N, d) -> (N, d') vectors whose dot product with a weight row is the logit."""
         if not self.has_bias:
             return hidden
-        return torch.cat([hidden, hidden.new_ones(hidden.shape[0], 1)], dim=1)
+        return with_ones_column(hidden)
 
     def score(self, query: Tensor, rows: Tensor) -> Tensor:
         """query (N, d'), rows (k, d') shared or (N, k, d') per example -> logits (N, k).

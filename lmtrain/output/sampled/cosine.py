@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lmtrain.common.columns import with_column
 from lmtrain.output.sampled.options import CosineOptions
 from lmtrain.output.sampled.softmax import SampledSoftmax
 
@@ -50,6 +51,8 @@ class CosineSampledSoftmax(SampledSoftmax):
     def unit(self, query: Tensor) -> Tensor:
         """The query normalized softly (``norm_eps``) or exactly, (N, d)."""
         eps = self.norm_eps
+        if eps > 0 and self.gpu_paths:  # sqrt(|q|^2 + eps^2) is the norm of [q, eps]: 3 operators where 5 are below
+            return query / torch.linalg.vector_norm(with_column(query, eps), dim=-1, keepdim=True)  # (N, d)
         if eps > 0:
             return query * torch.rsqrt(query.square().sum(-1, keepdim=True) + eps**2)  # (N, d), |.| < 1
         return F.normalize(query, dim=-1)
@@ -64,7 +67,11 @@ class CosineSampledSoftmax(SampledSoftmax):
         else:
             unit = self.unit(query)
         dots = super().score(unit, rows)  # (N, k)
-        return tau * dots / rows.norm(dim=-1).clamp_min(1e-12)  # norms (k,) or (N, k)
+        norms = rows.norm(dim=-1)  # (k,) or (N, k)
+        # the GPU paths add the clamp's floor instead: the same value for any row of norm above 1e-5 in float32, and
+        # an addition's gradient passes as it is where a clamp's takes 3 operators
+        norms = norms + 1e-12 if self.gpu_paths else norms.clamp_min(1e-12)
+        return tau * dots / norms
 
     def joint_scores(self, query: Tensor, target: Tensor, ids: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
         """The GPU paths' scores of the targets (N, 1) and of shared negatives (m,) -> (N, m), for at most

@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lmtrain.common.columns import with_ones_column
+
 
 class FeatureMap(nn.Module):
     """A kernel K(a, b) = <phi(a), phi(b)> (exact or in expectation) that depends on a . b only.
@@ -109,7 +111,7 @@ class QuadraticFeatures(FeatureMap):
     def forward(self, x: Tensor) -> Tensor:
         rows, cols, _, scale = self._triangle(x.shape[-1], x.device, x.dtype)
         outer = x[..., rows] * x[..., cols] * scale  # (..., d (d + 1) / 2)
-        return torch.cat([outer, outer.new_ones(*outer.shape[:-1], 1)], dim=-1)
+        return with_ones_column(outer)
 
     def node_sums(self, rows: Tensor, valid: Tensor) -> Tensor:
         rows = rows * valid.unsqueeze(-1)
