@@ -95,9 +95,8 @@ class QuadraticFeatures(FeatureMap):
         return in_features * (in_features + 1) // 2 + 1
 
     def _triangle(self, dim: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """Row and column of each upper-triangle entry, its index in a flattened (d, d) matrix (a flat index_select
-        is one gather with one index per entry, where indexing with the (row, column) pairs broadcasts and
-        combines two; docs/architecture.md, measured design choices) and its scale."""
+        """Row and column of each upper-triangle entry, its index in a flattened (d, d) matrix (one flat index_select
+        gathers it where (row, column) pairs take two; docs/architecture.md, measured design choices), its scale."""
         key = (dim, device, dtype)
         if key not in self._triangles:
             rows, cols = torch.triu_indices(dim, dim, device=device)  # (d (d + 1) / 2,) each
@@ -110,8 +109,7 @@ class QuadraticFeatures(FeatureMap):
 
     def forward(self, x: Tensor) -> Tensor:
         rows, cols, _, scale = self._triangle(x.shape[-1], x.device, x.dtype)
-        outer = x[..., rows] * x[..., cols] * scale  # (..., d (d + 1) / 2)
-        return with_ones_column(outer)
+        return with_ones_column(x[..., rows] * x[..., cols] * scale)  # (..., d (d + 1) / 2 + 1)
 
     def node_sums(self, rows: Tensor, valid: Tensor) -> Tensor:
         rows = rows * valid.unsqueeze(-1)
