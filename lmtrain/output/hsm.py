@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from lmtrain.common.columns import with_ones_column
+from lmtrain.common.constants import with_ones_column
 from lmtrain.common.precision import in_float32
 from lmtrain.output.base import OutputLayer
 from lmtrain.output.hsm_layouts import tree_layout

@@ -7,6 +7,7 @@ import math
 import torch
 from torch import Tensor
 
+from lmtrain.common.constants import constant
 from lmtrain.sampler.base import Sampler
 
 
@@ -27,4 +28,5 @@ class UniformSampler(Sampler):
         return ids, self.log_q(None, ids)
 
     def log_q(self, hidden: Tensor | None, ids: Tensor, inputs: Tensor | None = None) -> Tensor:
-        return torch.full(ids.shape, -math.log(self.num_classes), dtype=self._anchor.dtype, device=ids.device)
+        # -ln n as a view of one cached value (read-only), exact in the anchor's dtype: a fill would be a launch
+        return constant(-math.log(self.num_classes), self._anchor.device, self._anchor.dtype).expand(ids.shape)

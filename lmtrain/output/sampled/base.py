@@ -8,7 +8,7 @@ from typing import Any, ClassVar, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from lmtrain.common.columns import with_ones_column
+from lmtrain.common.constants import with_ones_column
 from lmtrain.output.base import OutputLayer, changed_rows, initial_bias
 from lmtrain.output.logsumexp import chunked_logsumexp
 from lmtrain.output.rows import gather_rows

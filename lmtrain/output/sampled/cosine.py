@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lmtrain.common.columns import with_column
+from lmtrain.common.constants import with_column
 from lmtrain.output.sampled.options import CosineOptions
 from lmtrain.output.sampled.softmax import SampledSoftmax
 

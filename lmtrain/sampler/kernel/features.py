@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lmtrain.common.columns import with_ones_column
+from lmtrain.common.constants import with_ones_column
 
 
 class FeatureMap(nn.Module):

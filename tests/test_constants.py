@@ -1,11 +1,13 @@
-"""``with_ones_column``: [x, 1] in one operator, from ones cached per device and dtype."""
+"""Constants as views (``lmtrain.common.constants``): [x, 1] in one operator, a uniform log q in none."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from lmtrain.common import columns
-from lmtrain.common.columns import with_ones_column
+from lmtrain.common import constants
+from lmtrain.common.constants import with_ones_column
 from lmtrain.tools.launches import DispatchCounter
 
 
@@ -23,10 +25,24 @@ def test_the_column_is_ones_in_the_input_dtype_and_the_join_one_operator():
 def test_ones_first_made_during_evaluation_serve_training():
     """Lightning evaluates under inference mode (its sanity check comes first); ones made there must not be an
     inference tensor, which autograd refuses wherever an operator saves it for the backward pass."""
-    columns._CONSTANTS.pop((1.0, torch.device("cpu"), torch.float16), None)  # made here first whatever ran before
+    constants._CONSTANTS.pop((1.0, torch.device("cpu"), torch.float16), None)  # made here first whatever ran before
     with torch.inference_mode():
         with_ones_column(torch.randn(2, 3, dtype=torch.float16))
-    assert not columns._CONSTANTS[(1.0, torch.device("cpu"), torch.float16)].is_inference()
+    assert not constants._CONSTANTS[(1.0, torch.device("cpu"), torch.float16)].is_inference()
     x = torch.randn(2, 3, dtype=torch.float16, requires_grad=True)
     (with_ones_column(x) * 2).sum().backward()
     assert torch.equal(x.grad, torch.full_like(x, 2))
+
+
+def test_a_uniform_log_q_launches_nothing_and_is_exact_in_its_dtype():
+    """-ln n as a view of one cached value: no fill per call, and in float64 the float64 value (not float32's
+    rounding of it), so that q sums to 1 to the dtype's precision."""
+    from lmtrain.sampler.uniform import UniformSampler
+
+    sampler = UniformSampler(1000).double()
+    ids = torch.randint(1000, (7, 5))
+    sampler.log_q(None, ids)
+    with DispatchCounter() as counter:
+        log_q = sampler.log_q(None, ids)
+    assert counter.counts.launches == 0 and log_q.shape == (7, 5) and log_q.dtype == torch.float64
+    assert torch.equal(log_q, torch.full((7, 5), -math.log(1000), dtype=torch.float64))
