@@ -12,6 +12,7 @@ from hydra.errors import InstantiationException
 
 from lmtrain.output import NCE, SampledSoftmax
 from lmtrain.sampler import BigramSampler
+from lmtrain.tools.launches import DispatchCounter
 from lmtrain.training.build import build_output
 from tests.conftest import make_config
 from tests.test_samplers import chi_square, chi_square_critical
@@ -193,3 +194,21 @@ def test_option_bounds_are_inclusive_where_q_stays_positive():
         BigramSampler(N, torch.tensor([0]))
     with pytest.raises(ValueError, match="train_ids must hold"):
         BigramSampler(N, torch.tensor([0, -1]))
+
+
+def test_the_targets_log_q_comes_with_the_draws_from_one_lookup():
+    """A step's proposal given its targets (``expect``) looks their log q up with the draws' (one binary search for
+    both); both equal the sampler's own log q, and the draws are the ones drawn without the targets."""
+    sampler = BigramSampler(N, markov_stream(), unigram_weight=0.2)
+    prev, target = torch.randint(N, (40,)), torch.randint(N, (40, 1))
+    torch.manual_seed(5)
+    plain_ids, plain_log_q = sampler.propose(None, prev).sample(9)
+    proposal = sampler.propose(None, prev)
+    proposal.expect(target)
+    torch.manual_seed(5)
+    with DispatchCounter() as counter:
+        ids, log_q = proposal.sample(9)
+        target_log_q = proposal.log_q(target)
+    assert counter.counts.by_op["searchsorted"] == 1
+    assert torch.equal(ids, plain_ids) and torch.equal(log_q, plain_log_q)
+    torch.testing.assert_close(target_log_q, sampler.log_q(None, target, inputs=prev), rtol=0, atol=0)

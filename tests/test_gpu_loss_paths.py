@@ -8,6 +8,13 @@ import torch
 
 from lmtrain.common.execution import set_execution
 from lmtrain.output.sampled import cosine
+from lmtrain.output.sampled.estimators import (
+    accidental_hits,
+    exact_logits,
+    exact_offsets,
+    joint_softmax_nll,
+    softmax_nll,
+)
 from lmtrain.tools.launches import DispatchCounter, synthetic_counts
 from lmtrain.training.build import build_output
 from lmtrain.training.optim import merge_repeats
@@ -91,3 +98,25 @@ def test_merged_repeats_put_each_rows_sum_at_its_first_sorted_entry():
     assert merged._indices()[0].tolist() == [0, 1, 1, 4, 4, 4]
     expected = [[6, 7], [2 + 8, 3 + 9], [0, 0], [0 + 4 + 10, 1 + 5 + 11], [0, 0], [0, 0]]
     assert merged._values().tolist() == expected
+
+
+def test_the_gpu_sampled_softmax_removes_every_hit_even_when_all_negatives_are_hits():
+    """The GPU form (offsets, +inf on the hits, a cross entropy with class 0) against the CPU form (corrected logits,
+    -inf on the hits): equal where some negatives are hits, and where all are (k_t = 0, which the offsets take no
+    floor for) the row's loss is 0 and its gradient 0, not NaN; per position and as the mean."""
+    torch.manual_seed(3)
+    n, m = 5, 4
+    scores = torch.randn(n, 1 + m, dtype=torch.float64, requires_grad=True)
+    target = torch.tensor([0, 1, 2, 3, 4])
+    ids = torch.tensor([[0, 0, 0, 0], [1, 5, 1, 6], [7, 8, 9, 5], [3, 3, 3, 3], [4, 6, 7, 8]])
+    log_q, log_q_target = torch.full((n, m), -2.0, dtype=torch.float64), torch.full((n,), -2.0, dtype=torch.float64)
+    hits = accidental_hits(ids, target)
+    gpu = joint_softmax_nll(scores, exact_offsets(log_q, log_q_target, hits, m))
+    corrected = exact_logits(scores[:, 1:], log_q, log_q_target, hits, m).masked_fill(hits, float("-inf"))
+    cpu = softmax_nll(scores[:, :1], corrected)
+    torch.testing.assert_close(gpu, cpu, rtol=1e-12, atol=1e-12)
+    assert gpu[0] == 0 and gpu[3] == 0 and bool((gpu[[1, 2, 4]] > 0).all())
+    mean = joint_softmax_nll(scores, exact_offsets(log_q, log_q_target, hits, m), mean=True)
+    torch.testing.assert_close(mean, cpu.mean(), rtol=1e-12, atol=1e-12)
+    (grad,) = torch.autograd.grad(mean, scores)
+    assert bool(grad.isfinite().all()) and bool((grad[[0, 3]] == 0).all())

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmtrain.tools.launches import DispatchCounter, count_draw, count_train_step
+from lmtrain.tools.launches import DispatchCounter, count_draw, count_train_step, counted_step
 from lmtrain.training.optim import merge_repeats
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -55,7 +55,8 @@ def full_step() -> int:
     return count_train_step(["output=full", "execution=gpu"], 2000).launches
 
 
-@pytest.mark.parametrize("output", ["hsm", "nce", "negative"])  # where it is met (docs/gpu.md: why not the others)
+# where it is met (docs/gpu.md: why not the others)
+@pytest.mark.parametrize("output", ["hsm", "nce", "negative", "uniform"])
 def test_other_strategies_launch_at_most_one_and_a_half_fulls_plus_their_draw(output, full_step):
     """The default model (the rule is about its step: a smaller model shrinks the full softmax's count more)."""
     step = count_train_step([f"output={output}", "execution=gpu"], 2000)
@@ -149,3 +150,24 @@ def test_the_counter_leaves_out_the_sparse_gradient_copy_only_counting_causes():
     with DispatchCounter() as counter:
         emb.weight.grad.clone()  # a copy asked for is counted
     assert counter.counts.by_op["clone"] == 1
+
+
+class SoftmaxesOverTheClasses(DispatchCounter):
+    """Counts the log-softmaxes taken over all ``CLASSES`` classes (the softmax proposal's), besides the rest."""
+
+    CLASSES = 2000
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.over_classes = 0
+
+    def launched(self, name, args, kwargs, out) -> None:
+        self.over_classes += name == "_log_softmax" and args[0].shape[-1] == self.CLASSES
+
+
+@pytest.mark.parametrize("execution", ["cpu", "gpu"])
+def test_the_softmax_proposal_takes_its_log_softmax_once_a_step(execution):
+    """``output=exp``: one (N, n) product and log-softmax a step serve the draws and the targets' log q (each took its
+    own before), on both paths."""
+    step = counted_step(SoftmaxesOverTheClasses, [*SMALL, "output=exp", f"execution={execution}"], 2000, (20, 35), 2, 0)
+    assert step.over_classes == 1

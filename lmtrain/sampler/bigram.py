@@ -9,6 +9,7 @@ from torch import Tensor
 
 from lmtrain.sampler.base import Sampler
 from lmtrain.sampler.options import BigramOptions
+from lmtrain.sampler.proposal import Proposal
 from lmtrain.sampler.unigram import UnigramSampler
 
 _OFFSET_BITS = 62  # successor offsets are uniform 62-bit integers modulo the row count: bias < count / 2^62
@@ -72,8 +73,14 @@ class BigramSampler(Sampler):
             raise ValueError(f"inputs has {inputs.numel()} tokens but hidden has {hidden.shape[0]} positions")
         return inputs.reshape(-1).to(self.count.device, torch.long)  # (N,)
 
+    def propose(self, hidden: Tensor | None, inputs: Tensor | None = None) -> BigramProposal:
+        return BigramProposal(self, self._previous(hidden, inputs))
+
     def sample(self, hidden: Tensor | None, num_samples: int, inputs: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        prev = self._previous(hidden, inputs)  # (N,)
+        return self.propose(hidden, inputs).sample(num_samples)
+
+    def draw(self, prev: Tensor, num_samples: int) -> Tensor:
+        """``num_samples`` ids (N, m) from q(. | p) for each previous token ``prev`` (N,)."""
         shape = (prev.numel(), num_samples)
         device = self.count.device
         count = self.count[prev].unsqueeze(1)  # (N, 1) c(p)
@@ -82,14 +89,14 @@ class BigramSampler(Sampler):
         from_bigram = self.successors[row].long()  # (N, m)
         from_unigram, _ = self.unigram.sample(None, prev.numel() * num_samples)  # (N * m,)
         use_bigram = (torch.rand(shape, device=device, dtype=torch.float64) >= self.unigram_weight) & (count > 0)
-        ids = torch.where(use_bigram, from_bigram, from_unigram.view(shape))  # (N, m)
-        return ids, self._log_q(prev, ids)
+        return torch.where(use_bigram, from_bigram, from_unigram.view(shape))  # (N, m)
 
     def log_q(self, hidden: Tensor | None, ids: Tensor, inputs: Tensor | None = None) -> Tensor:
         """log q(ids | inputs): ids (N, k), or (k,) for the same ids at every position -> (N, k)."""
-        return self._log_q(self._previous(hidden, inputs), ids)
+        return self.log_q_after(self._previous(hidden, inputs), ids)
 
-    def _log_q(self, prev: Tensor, ids: Tensor) -> Tensor:
+    def log_q_after(self, prev: Tensor, ids: Tensor) -> Tensor:
+        """log q(ids | prev) after the previous tokens ``prev`` (N,): ids (N, k), or (k,) for every position."""
         keys = prev.unsqueeze(1) * self.num_classes + ids  # (N, k) p * n + j
         flat = keys.reshape(-1)  # (N * k,) a flat search is faster than a batched one
         found = torch.searchsorted(self.pairs, flat).clamp_(max=self.pairs.numel() - 1)  # (N * k,)
@@ -99,3 +106,25 @@ class BigramSampler(Sampler):
 
     def extra_repr(self) -> str:
         return f"num_classes={self.num_classes}, unigram_weight={self.unigram_weight}, bigrams={self.pairs.numel()}"
+
+
+class BigramProposal(Proposal):
+    """One step's bigram proposal, its previous tokens bound: the targets' log q (``expect``) is looked up with the
+    draws', for the joined ids at once (one binary search and its lookups a step where each took their own)."""
+
+    per_example = True
+
+    def __init__(self, sampler: BigramSampler, prev: Tensor) -> None:
+        self.sampler, self.prev = sampler, prev  # prev (N,)
+
+    def sample(self, num_samples: int) -> tuple[Tensor, Tensor]:
+        ids = self.sampler.draw(self.prev, num_samples)  # (N, m)
+        if self.expected is None:
+            return ids, self.sampler.log_q_after(self.prev, ids)
+        log_q = self.sampler.log_q_after(self.prev, torch.cat([ids, self.expected], 1))  # (N, m + j)
+        self.remember(log_q[:, num_samples:])
+        return ids, log_q[:, :num_samples]
+
+    def log_q(self, ids: Tensor) -> Tensor:
+        known = self.known_log_q(ids)  # looked up with the draws
+        return known if known is not None else self.sampler.log_q_after(self.prev, ids)

@@ -36,13 +36,18 @@ class Proposal:
         compute it together with its draws' (fewer operators: ``remember``) and return it from ``known_log_q``."""
         self._expected, self._expected_log_q = ids, None
 
+    @property
+    def expected(self) -> Tensor | None:
+        """The ids given to ``expect``, if any."""
+        return getattr(self, "_expected", None)
+
     def remember(self, log_q: Tensor) -> None:
         """Keep ``log_q`` of the expected ids, computed with the draws."""
         self._expected_log_q = log_q
 
     def known_log_q(self, ids: Tensor) -> Tensor | None:
         """The log q of ``ids`` kept by ``remember`` when they are the expected ids (the same tensor), else None."""
-        known, log_q = getattr(self, "_expected", None), getattr(self, "_expected_log_q", None)
+        known, log_q = self.expected, getattr(self, "_expected_log_q", None)
         if log_q is None or known is None or ids.shape != known.shape or ids.data_ptr() != known.data_ptr():
             return None
         return log_q

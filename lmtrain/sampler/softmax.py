@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from lmtrain.sampler.base import Sampler
+from lmtrain.sampler.proposal import Proposal
 
 
 class SoftmaxSampler(Sampler):
@@ -41,10 +42,28 @@ class SoftmaxSampler(Sampler):
             raise ValueError("SoftmaxSampler needs the query vectors and the weights (call update(weight) first)")
         return torch.log_softmax(self._score(hidden.detach(), self._weight), dim=1)  # (N, n)
 
+    def propose(self, hidden: Tensor | None, inputs: Tensor | None = None) -> SoftmaxProposal:
+        return SoftmaxProposal(self._log_softmax(hidden))
+
     def sample(self, hidden: Tensor | None, num_samples: int, inputs: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        log_p = self._log_softmax(hidden)  # (N, n)
-        ids = torch.multinomial(log_p.exp(), num_samples, replacement=True)  # (N, m)
-        return ids, log_p.gather(1, ids)
+        return self.propose(hidden).sample(num_samples)
 
     def log_q(self, hidden: Tensor | None, ids: Tensor, inputs: Tensor | None = None) -> Tensor:
         return self._log_softmax(hidden).gather(1, ids)  # (N, k)
+
+
+class SoftmaxProposal(Proposal):
+    """One step's softmax proposal: its log-probabilities (N, n) computed once, for the draws and for the targets'
+    log q (one product and one log-softmax a step where each use took its own)."""
+
+    per_example = True
+
+    def __init__(self, log_probs: Tensor) -> None:
+        self.log_probs = log_probs  # (N, n)
+
+    def sample(self, num_samples: int) -> tuple[Tensor, Tensor]:
+        ids = torch.multinomial(self.log_probs.exp(), num_samples, replacement=True)  # (N, m)
+        return ids, self.log_probs.gather(1, ids)
+
+    def log_q(self, ids: Tensor) -> Tensor:
+        return self.log_probs.gather(1, ids)  # (N, k)

@@ -38,8 +38,8 @@ class UnigramSampler(Sampler):
         self.num_classes, self.power, self.distribution = num_classes, float(power), distribution
         base = self._base_weights(num_classes, counts, distribution, smoothing)  # (n,) float64, all > 0
         threshold, alias = alias_table(base.pow(self.power))
-        self.register_buffer("threshold", threshold, persistent=False)  # (n,) int64 in [0, 2^32]
-        self.register_buffer("alias", alias, persistent=False)  # (n,) int64
+        # (n, 2) int64: bucket k's threshold in [0, 2^32] and its alias, side by side so one gather reads both
+        self.register_buffer("buckets", torch.stack([threshold, alias], 1), persistent=False)
         mass = threshold.clone()  # (n,) each class's exact share of the n * 2^32 integer cells
         mass.scatter_add_(0, alias, (1 << _SCALE_BITS) - threshold)
         log_probs = mass.double().log() - torch.tensor(num_classes * 2.0**_SCALE_BITS, dtype=torch.float64).log()
@@ -59,10 +59,11 @@ class UnigramSampler(Sampler):
         return counts.detach().cpu().to(torch.float64) + smoothing
 
     def sample(self, hidden: Tensor | None, num_samples: int, inputs: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        device = self.threshold.device
+        device = self.buckets.device
         bucket = torch.randint(self.num_classes, (num_samples,), device=device)  # (m,)
         coin = torch.randint(1 << _SCALE_BITS, (num_samples,), device=device)  # (m,) uniform integer
-        ids = torch.where(coin < self.threshold[bucket], bucket, self.alias[bucket])  # (m,)
+        threshold, alias = self.buckets[bucket].unbind(1)  # (m,) each, views of one gather
+        ids = torch.where(coin < threshold, bucket, alias)  # (m,)
         return ids, self.log_probs[ids]
 
     def log_q(self, hidden: Tensor | None, ids: Tensor, inputs: Tensor | None = None) -> Tensor:

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lmtrain.common.constants import constant
 from lmtrain.sampler.proposal import Proposal
 
 
@@ -37,7 +38,8 @@ def exact_offsets(log_q: Tensor, log_q_target: Tensor, hits: Tensor, num_samples
     """What ``exact_logits`` subtracts from the negatives' logits, (N, m), +inf on the hits (which removes them): the
     GPU paths' form, ln k_t - ln(1 - q_t) as one logarithm of -(k_t) / -(1 - q_t), in fewer operators; the same
     values up to float rounding. ``log_q`` (N, m), ``log_q_target`` (N,), ``hits`` (N, m)."""
-    minus_kept = hits.sum(1, dtype=log_q.dtype).sub_(num_samples).clamp_(max=-1)  # (N,) -k_t
+    # (N,) -k_t; no floor at k_t = 1: where every negative is a hit (k_t = 0) every offset is masked below anyway
+    minus_kept = hits.sum(1, dtype=log_q.dtype).sub_(num_samples)
     minus_rest = torch.expm1(log_q_target.clamp(max=-1e-7))  # (N,) -(1 - q_t)
     offset = torch.log(minus_kept.div_(minus_rest)).unsqueeze(1) + log_q  # (N, m) ln k_t - ln(1 - q_t) + ln q_j
     return offset.masked_fill_(hits, float("inf"))
@@ -55,11 +57,14 @@ def softmax_nll(target_logit: Tensor, neg_logits: Tensor) -> Tensor:
     return torch.logsumexp(logits, dim=1) - target_logit[:, 0]
 
 
-def joint_softmax_nll(scores: Tensor, offsets: Tensor) -> Tensor:
+def joint_softmax_nll(scores: Tensor, offsets: Tensor, mean: bool = False) -> Tensor:
     """``softmax_nll`` from one (N, 1 + m) tensor of scores, the target's first, less the negatives' ``offsets``
-    (N, m; +inf removes one): no concatenation, and no slicing in the backward pass (the GPU paths)."""
+    (N, m; +inf removes one), (N,), or its mean over the positions where ``mean``: the GPU paths' form, a cross
+    entropy with class 0 (a log-softmax and a pick, whose backward pass is two operators where the log-sum-exp less
+    the target's logit takes seven; the mean taken by the pick, none of its own)."""
     logits = scores - F.pad(offsets, (1, 0))  # (N, 1 + m), the target's logit as it is
-    return torch.logsumexp(logits, dim=1) - scores[:, 0]
+    first = constant(0, scores.device, torch.long).expand(scores.shape[0])  # (N,) class 0, a view
+    return F.cross_entropy(logits, first, reduction="mean" if mean else "none")
 
 
 def noise_offset(num_samples: int, log_z: Tensor | None) -> Tensor | float:

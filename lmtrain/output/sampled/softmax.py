@@ -58,10 +58,9 @@ class SampledSoftmax(SampledOutput):
 
     def loss(self, hidden: Tensor, target: Tensor, inputs: Tensor | None = None) -> Tensor:
         d = self.scored_draw(hidden, target, inputs)
-        nll = self.sampled_nll(
-            d.query, target, d.target_score, d.noise_score, d.ids, d.log_q, d.tries, inputs, d.proposal, d.scores
+        return self.sampled_nll(
+            d.query, target, d.target_score, d.noise_score, d.ids, d.log_q, d.tries, inputs, d.proposal, d.scores, True
         )
-        return nll.mean()
 
     def sampled_nll(
         self,
@@ -75,11 +74,13 @@ class SampledSoftmax(SampledOutput):
         inputs: Tensor | None = None,
         proposal: Proposal | None = None,
         scores: Tensor | None = None,
+        mean: bool = False,
     ) -> Tensor:
         """The per-position sampled-softmax loss (N,) from the logits of the targets (N, 1) and of the drawn
         ids (N, m) (``draw``'s ids, log q and tries; ``inputs`` and ``proposal`` as given to ``draw``): the estimator
         that training minimises and that ``lmtrain.diagnose`` differentiates with respect to the logits. ``scores``:
-        the (N, 1 + m) tensor that both logits are views of, where there is one (the GPU paths' ``Draw.scores``)."""
+        the (N, 1 + m) tensor that both logits are views of, where there is one (the GPU paths' ``Draw.scores``).
+        ``mean``: its mean over the positions instead, the training loss."""
         opts = self.options
         hits = accidental_hits(ids, target)  # (N, m)
         log_q = log_q.expand_as(neg_logits)  # (N, m)
@@ -90,11 +91,13 @@ class SampledSoftmax(SampledOutput):
             if self.gpu_paths:  # the same logits, hits removed, in fewer operators
                 offsets = exact_offsets(log_q, log_q_target, hits, opts.num_samples)  # (N, m)
                 if scores is not None:
-                    return joint_softmax_nll(scores, offsets)
-                return softmax_nll(target_logit, neg_logits - offsets)
+                    return joint_softmax_nll(scores, offsets, mean)
+                nll = softmax_nll(target_logit, neg_logits - offsets)
+                return nll.mean() if mean else nll
             neg_logits = exact_logits(neg_logits, log_q, log_q_target, hits, opts.num_samples)
         else:  # classic, and exact when no negative is removed (the two agree then)
             neg_logits = classic_logits(neg_logits, log_q, opts.num_samples)
         if opts.remove_accidental_hits:
             neg_logits = neg_logits.masked_fill(hits, float("-inf"))
-        return softmax_nll(target_logit, neg_logits)
+        nll = softmax_nll(target_logit, neg_logits)
+        return nll.mean() if mean else nll

@@ -46,9 +46,8 @@ class KernelProposal(Proposal):
             log_q = mix.mix(tree.log_q_all(query, self.phi))  # (N, n)
             ids = torch.multinomial(log_q.exp(), num_samples, replacement=True)  # (N, m)
             return ids, log_q.gather(1, ids)
-        expected = getattr(self, "_expected", None)
-        if self.fixed is not None and expected is not None:  # GPU paths: the targets walk down with the draws
-            return self._sample_with_expected(num_kernel, num_unigram, expected)
+        if self.fixed is not None and self.expected is not None:  # GPU paths: the targets walk down with the draws
+            return self._sample_with_expected(num_kernel, num_unigram, self.expected)
         ids, log_q = tree.sample(query, num_kernel, self.phi, self.fixed)  # (N, m_k) each
         if not num_unigram:
             return ids, log_q
@@ -95,9 +94,8 @@ class MixtureProposal(Proposal):
     def sample(self, num_samples: int) -> tuple[Tensor, Tensor]:
         tree, psi, mix = self.tree, self.psi, self.unigram
         num_kernel, num_unigram = mix.split(num_samples) if mix is not None else (num_samples, 0)
-        expected = getattr(self, "_expected", None)
-        if self.fixed is not None and expected is not None:  # GPU paths: the targets walk down with the draws
-            return self._sample_with_expected(num_kernel, num_unigram, expected)
+        if self.fixed is not None and self.expected is not None:  # GPU paths: the targets walk down with the draws
+            return self._sample_with_expected(num_kernel, num_unigram, self.expected)
         ids, log_q = tree.sample_mixture(psi, num_kernel, self.scores, self.fixed)  # (m_k,) each
         if not num_unigram:  # no unigram share, or m too small for one unigram draw
             return ids, log_q
