@@ -57,3 +57,34 @@ def test_auto_follows_the_device():
     assert resolve_execution("auto", "cpu") is Execution.cpu
     assert resolve_execution("auto", "gpu") is Execution.gpu
     assert resolve_execution("cpu", "gpu") is Execution.cpu
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_gpu_paths_keep_the_unit_rows_current_through_updates(device):
+    """RFF's unit rows, kept beside its feature cache for the GPU paths' in-bucket scores (zero on the padding rows),
+    equal the normalized weights after every update: changed rows with repeats, then every row at once; log q still
+    equals the CPU path's. The CPU path's update does not keep them: it drops them; the GPU paths make them again."""
+    made = sampler("rff", False, n=301, device=device)  # 301 classes: the last bucket has padding slots
+    cache, weight = made.tree.store.cache, made.tree.store.weight.clone()
+    query = torch.randn(5, 6, generator=torch.Generator().manual_seed(2)).to(device)
+    others = torch.randint(0, 301, (5, 7), generator=torch.Generator().manual_seed(3)).to(device)
+    set_execution(made, Execution.gpu)
+
+    def assert_current() -> None:
+        made.propose(query).sample(20)  # in-bucket scores read the unit rows (and make them when dropped)
+        rows = cache.rows
+        torch.testing.assert_close(rows[:301], torch.nn.functional.normalize(weight, dim=-1), rtol=0, atol=0)
+        assert rows.shape[0] > 301 and not rows[301:].any()
+
+    assert_current()
+    for changed in (torch.tensor([4, 250, 4, 17, 250]), torch.arange(301).repeat(2)):
+        weight[changed] += 0.5 * torch.randn(changed.numel(), 6, generator=torch.Generator().manual_seed(4)).to(device)
+        made.update(weight, changed.to(device))
+        assert_current()
+    expected = made.propose(query).log_q(others)
+    set_execution(made, Execution.cpu)
+    torch.testing.assert_close(made.propose(query).log_q(others), expected, rtol=1e-5, atol=1e-5)
+    made.update(weight, torch.tensor([3]).to(device))
+    assert cache.rows.numel() == 0
+    set_execution(made, Execution.gpu)
+    assert_current()

@@ -47,6 +47,7 @@ def make_tree(
         tree.use_gpu_paths(True)
         if path != "gpu_whole":  # one query (a mixture's psi) walks too: no tree scored whole for it
             tree.fixed.walk.walked, tree.fixed.walk.scored, tree.fixed.walk.single_reads = GPU_WALKED_LEVELS, 0, 0
+            tree.fixed.walk.dense_factor = PATHS[path]  # its walked levels gathered ("gpu") or scored whole
     tree.rebuild(weight)
     return tree
 

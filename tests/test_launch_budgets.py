@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lmtrain.sampler.kernel.fixed_walk import WALKED_LEVELS
 from lmtrain.tools.launches import DispatchCounter, count_draw, count_train_step, counted_step
 from lmtrain.training.optim import merge_repeats
 
@@ -19,13 +20,20 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 SMALL = ["model.emb_dim=16", "model.hidden_dim=16", "model.num_layers=1"]
 KERNEL = ["output=rff", "output=quadratic"]
-# The issue's budget is 3x unigram's operators on the default model, 2x unigram's (2 x 69 = 138) beyond unigram's own.
-# On the small test model the kernel samplers take, beyond unigram's 67: quadratic 88, shared quadratic 76, rff 136
-# and shared rff 104 (a mixture's one query scores the whole tree: no level walked at any size)
-KERNEL_BEYOND_UNIGRAM = {"output=quadratic": 138, "output=rff": 138}
-# sizes of the small model's two regimes: a tree of at most 2^11 buckets is scored whole (10^4 types), a deeper one
-# walks its last four levels (2 x 10^5 and 10^6 types: 2^15 and 2^17 buckets of quadratic, 2^16 and 2^18 of rff)
+# The issue's budget is 3x unigram's operators on the default model, 2x unigram's (2 x 61 = 122) beyond unigram's own.
+# On the small test model the kernel samplers take, beyond unigram's 59: quadratic 75, shared quadratic 83, rff 126
+# and shared rff 110 (a mixture's one query scores the whole tree: no level walked at any size). The small model's
+# rff tree at 10^6 types is a level deeper (2^18 buckets, 3 levels walked) than the default model's (2^17, 2 walked):
+# one walked level (7 operators) more
+KERNEL_BEYOND_UNIGRAM = {"output=quadratic": 122, "output=rff": 122 + 7}
+# sizes of the small model's trees: 10^4 types are scored whole; 2 x 10^5 and 10^6 are 2^15 and 2^17 buckets of
+# quadratic (scored whole, and 2 levels walked), 2^16 and 2^18 of rff (1 and 3 levels walked): trees of up to 2^15
+# buckets are scored whole (``SCORED_LEVELS``), deeper ones walk their last levels, at most ``WALKED_LEVELS``
 WHOLE, WALKED = 10_000, (200_000, 1_000_000)
+# what walking takes beyond a tree scored whole, at most: a fixed part (the turns' random numbers and bits, the
+# path's log-probability: 14 operators) and 7 a level walked (a gather, a product, the floors and their clamp, the
+# turn, its comparison, the move), for at most WALKED_LEVELS levels
+WALK_OPERATORS = 14 + 7 * WALKED_LEVELS
 
 
 def counts(overrides: list[str], n: int, execution: str = "gpu"):
@@ -74,17 +82,16 @@ def test_a_draw_is_counted_alone():
 @pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("output", KERNEL)
 def test_kernel_samplers_launch_a_bounded_count_that_does_not_grow_with_the_tree(output, shared):
-    """A tree scored whole (10^4 types here) takes fewer operators than a walked one; walked trees take the same count
-    whatever their depth (15 to 18 levels here), and every count stays within 3x unigram's. Batch-shared, the one
-    query psi scores every tree here whole (a matrix-vector product with every node): the same count at every size."""
+    """A deeper tree takes at most the walk's operators more than one scored whole (10^4 types), however deep, and
+    every count stays within 3x unigram's (the margin below, for this small model). Batch-shared, the one query psi
+    scores every tree here whole (a matrix-vector product with every node): the same count at every size."""
     options = [output, f"output.shared_negatives={str(shared).lower()}"]
     unigram = counts(["output=unigram"], WHOLE).launches
     whole, *walked = (counts(options, n) for n in (WHOLE, *WALKED))
     assert all(step.syncs <= 1 for step in (whole, *walked)), [dict(step.sync_ops) for step in (whole, *walked)]
-    assert walked[0].launches == walked[1].launches, [step.launches for step in walked]
-    assert whole.launches <= walked[0].launches, (whole.launches, walked[0].launches)
-    assert not shared or whole.launches == walked[0].launches, (whole.launches, walked[0].launches)
-    assert walked[0].launches - unigram <= KERNEL_BEYOND_UNIGRAM[output], (walked[0].launches, unigram)
+    assert all(step.launches - whole.launches <= WALK_OPERATORS for step in walked), [s.launches for s in walked]
+    assert not shared or all(step.launches == whole.launches for step in walked), [s.launches for s in walked]
+    assert max(step.launches for step in walked) - unigram <= KERNEL_BEYOND_UNIGRAM[output], (walked, unigram)
 
 
 @pytest.mark.parametrize("options", [[], ["output.shared_negatives=true"]])

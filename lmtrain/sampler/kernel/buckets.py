@@ -43,8 +43,10 @@ class BucketScorer:
         size = store.bucket_size
         ids = store.member_ids(bucket)  # (W, L)
         prepared = self.features.prepare(query) if prepared is None else prepared
+        kept = store.cache.prepared_rows(self.features, store.weight) if store.gpu_paths else None  # (B L, d)
         if self.walk.dense(store.num_buckets, n_query, k) and store.gpu_paths:  # one GEMM, then pick (no padding)
-            dots = prepared @ self.features.prepare(store.weight).T  # (N, n)
+            rows = self.features.prepare(store.weight) if kept is None else kept[: store.num_classes]  # (n, d)
+            dots = prepared @ rows.T  # (N, n)
             flat = ids.clamp(max=store.num_classes - 1) + self.query_offsets(n_query, k, store.num_classes, ids.device)
             dots = dots.view(-1).take(flat)  # (W, L): entry [w // k, ids[w]] of the (N, n) products
         elif self.walk.dense(store.num_buckets, n_query, k):  # all dot products in one GEMM, then pick
@@ -55,8 +57,11 @@ class BucketScorer:
         else:
 
             def block(lo: int, hi: int) -> Tensor:
-                where = ids[lo * k : hi * k].clamp(max=store.num_classes - 1).view(-1)
-                rows = self.features.prepare(store.weight.index_select(0, where)).view(hi - lo, k * size, -1)
+                if kept is not None:  # padding rows too: no clamp
+                    rows = kept.index_select(0, ids[lo * k : hi * k].view(-1)).view(hi - lo, k * size, -1)
+                else:
+                    where = ids[lo * k : hi * k].clamp(max=store.num_classes - 1).view(-1)
+                    rows = self.features.prepare(store.weight.index_select(0, where)).view(hi - lo, k * size, -1)
                 return torch.bmm(prepared[lo:hi].unsqueeze(1), rows.transpose(1, 2)).view(-1, size)
 
             dots = store.blocks(block, n_query, k * size * query.shape[1])

@@ -15,13 +15,13 @@ from lmtrain.common.constants import with_ones_column
 class FeatureMap(nn.Module):
     """A kernel K(a, b) = <phi(a), phi(b)> (exact or in expectation) that depends on a . b only.
 
-    ``prepare`` maps a raw vector to the space the kernel is defined on (identity, or unit norm); ``log_kernel_dot``
-    is log K of the dot product of two prepared vectors; ``forward`` is phi of raw vectors (``of_prepared``: of
-    prepared ones). A tree node stores the sum of phi over its classes (``node_sums``, bucket by bucket).
+    ``prepare`` maps a raw vector to the space the kernel is defined on (identity, or unit norm: ``prepares``);
+    ``log_kernel_dot`` is log K of the dot product of two prepared vectors; ``forward`` is phi of raw vectors
+    (``of_prepared``: of prepared ones). A tree node stores the sum of phi over its classes (``node_sums``).
     ``cache_pays``: whether keeping phi(w) of every class (``FeatureCache``) saves more than reading it costs.
     """
 
-    cache_pays = True  # phi costs arithmetic per vector (RFF: d x D multiply-adds, 2D sines and cosines)
+    cache_pays, prepares = True, False  # phi costs arithmetic per vector (RFF: d x D multiply-adds, 2D sin and cos)
 
     def out_features(self, in_features: int) -> int:
         """Dimension of phi(x) for x of dimension ``in_features``."""
@@ -75,14 +75,12 @@ class FeatureMap(nn.Module):
 class QuadraticFeatures(FeatureMap):
     """K(a, b) = alpha * (a . b)^2 + 1 (Blanc & Rendle 2018), used with the absolute softmax.
 
-    phi(u) = [sqrt(alpha) * vec(u u^T), 1] in the symmetric upper-triangle vectorization
-    (off-diagonal entries scaled by sqrt(2)), so phi has d (d + 1) / 2 + 1 entries and a node stores
-    [sqrt(alpha) * vec(S(C)), |C|] with S(C) = sum of w w^T over its classes.
+    phi(u) = [sqrt(alpha) * vec(u u^T), 1] in the symmetric upper-triangle vectorization (off-diagonal entries
+    scaled by sqrt(2)), so phi has d (d + 1) / 2 + 1 entries (812 MB a cache at n = 10^4, d' = 201) and a node
+    stores [sqrt(alpha) * vec(S(C)), |C|] with S(C) = sum of w w^T over its classes.
     """
 
-    # node sums and bucket scores are d x d products (S = W^T W, x^T A x), cheaper than reading F = d (d + 1) / 2
-    # cached features per class (and 812 MB at n = 10^4, d' = 201)
-    cache_pays = False
+    cache_pays = False  # node sums, bucket scores: d x d products, cheaper than reading F = d (d + 1) / 2 per class
 
     def __init__(self, alpha: float = 100.0) -> None:
         super().__init__()
@@ -165,6 +163,8 @@ class RandomFourierFeatures(FeatureMap):
     bits move the kernel estimates far less than their own 1 / sqrt(D) noise; docs/strategies.md), used alike for
     queries and classes, so every q and log q is exactly that of the tree walked.
     """
+
+    prepares = True  # to unit vectors
 
     def __init__(
         self,

@@ -130,7 +130,9 @@ class FixedUpdate:
         n = store.num_classes
         if rows.numel() >= n:  # every row once, the unchanged ones masked (their cached phi is kept as it is)
             counted = torch.zeros(n, dtype=torch.bool, device=rows.device).index_fill_(0, rows, True)  # (n,)
-            new = store.features(weight).to(cache.table.dtype)  # (n, F) as the cache stores it
+            prepared = store.features.prepare(weight)  # (n, d)
+            new = store.features.of_prepared(prepared).to(cache.table.dtype)  # (n, F) as the cache stores it
+            cache.keep_prepared(None, prepared)
             old = cache.table[:n]  # (n, F): what the tree's sums hold
             new = torch.where(counted.unsqueeze(1), new, old)  # unchanged rows keep their cached features
             store.nodes.index_add_(0, self.leaf_of_every_class(), new.to(store.nodes.dtype) - old.to(store.nodes.dtype))
@@ -139,7 +141,9 @@ class FixedUpdate:
         rows = rows.sort().values  # (R,) sorted, repeats masked: only a row's first occurrence adds its delta
         counted = torch.ones_like(rows, dtype=torch.bool)
         torch.ne(rows[1:], rows[:-1], out=counted[1:])
-        new = store.features(weight.index_select(0, rows)).to(cache.table.dtype)  # (R, F) as the cache stores it
+        prepared = store.features.prepare(weight.index_select(0, rows))  # (R, d)
+        new = store.features.of_prepared(prepared).to(cache.table.dtype)  # (R, F) as the cache stores it
+        cache.keep_prepared(rows, prepared)  # repeats of a row write the same values
         old = cache.table.index_select(0, rows)  # (R, F): what the tree's sums hold for these rows
         # old (the cache's dtype) is promoted to the nodes' inside the subtraction: a cast's values, one operator fewer
         delta = torch.sub(new.to(store.nodes.dtype), old) * counted.unsqueeze(1)  # (R, F) in the nodes' dtype

@@ -5,9 +5,10 @@ step's operator count grows with log n and with the batch. Here the top levels a
 once and the walkers only descend the last levels (``WALKED_LEVELS`` at most) by gathers:
 
 1. ``top_reach``: one product of the queries with every node of levels 1..t (t = max(depth - WALKED_LEVELS,
-   min(depth, SCORED_LEVELS)): a tree of up to 2^SCORED_LEVELS buckets is scored whole) gives each node's clamped
-   score, hence every branch probability of those levels; the log-probability of reaching each node of level t is
-   the sum of its ancestors' branch log-probabilities (one gather through a fixed ancestor table, one sum). This is
+   min(depth, SCORED_LEVELS)), less where its temporaries would pass the memory budget: a tree of up to
+   2^SCORED_LEVELS buckets is scored whole) gives each node's clamped score, hence every branch probability of
+   those levels; the log-probability of reaching each node of level t is the sum of its ancestors' branch
+   log-probabilities (one gather through a fixed ancestor table, one sum). This is
    the walk's own probability of arriving there, not an approximation. One query (a batch's mixture psi) has t = the
    whole depth where its product, a matrix-vector product, reads at most ``single_reads`` node values (the GPU
    paths' budget, 2^30: at 10^6 RFF classes, 2^18 nodes of 2,048 features, 537 M values): no level is walked.
@@ -29,18 +30,21 @@ import torch
 from torch import Tensor
 
 from lmtrain.sampler.kernel.store import GPU_BLOCK_ELEMENTS, TreeStore
-from lmtrain.sampler.kernel.walk import LEVEL_GATHER_GAIN, TreeWalk
+from lmtrain.sampler.kernel.walk import TreeWalk
 
 # levels each walker descends by gathers at most; the levels above are scored for all of their nodes by one product.
-# At n = 10^6 (N = 700 queries, F = 2048, depth 17) four levels make that product N x 2^14 x F (47 GFLOP, a
-# twentieth of the full softmax's step) against 4 x 2 node rows gathered per walker, 100 walkers per query. Chosen by
-# that count, not yet timed on a GPU (scripts/bench_gpu.py).
+# It bounds the operators a step takes whatever the depth (a level walked is about 7 of them)
 WALKED_LEVELS = 4
-# levels scored whole at least (while the tree has them): a tree of at most 2^11 buckets is not walked at all (one
-# product with its 4,094 nodes below the root, no operators per level). At N = 700 queries and m = 100 walkers each,
-# ``TreeWalk.dense`` prefers one product to per-walker gathers up to a level of 3,128 nodes; 2^11 is the largest
-# level below that
-SCORED_LEVELS = 11
+# multiply-adds of a product that cost as much as one node value gathered, on a GPU: a gather is bound by memory (each
+# value read, written and read again by its product, 12 bytes at 3-5 TB/s: about 3 ps) and a product by arithmetic
+# (a TF32 multiply-add, which lmtrain's trainer allows, is about 0.005 ps at 400 TFLOPS; a float32 one 0.03 ps): 500
+# to 100, so 256. ``TreeWalk.dense``'s CPU factor is 16 for levels. An estimate from those rates, not yet timed
+GPU_DENSE_FACTOR = 256
+# levels scored whole at least (while the tree has them): at N = 700 queries and m = 100 walkers each (202 node rows
+# gathered per query and level) ``TreeWalk.dense`` prefers one product to gathers, at ``GPU_DENSE_FACTOR``, up to a
+# level of 37,864 nodes; 2^15 is the largest level below that. A tree of up to 2^15 buckets (10^5 RFF classes, 10^6
+# quadratic ones) is not walked at all: one product with its nodes below the root, no operators per level
+SCORED_LEVELS = 15
 
 
 class FixedWalk:
@@ -48,7 +52,8 @@ class FixedWalk:
 
     It reads the store's tensors at every call, like ``TreeWalk``. The top levels are scored whole by
     ``top_reach``: the first ``scored`` levels at least, and all but the last ``walked`` at least (one query: every
-    level, within ``single_reads`` node values); walkers descend the rest by gathers."""
+    level, within ``single_reads`` node values); walkers descend the rest, a level at a time, by gathers or by one
+    product with the level where ``dense_factor`` says that is cheaper (``TreeWalk.dense``)."""
 
     def __init__(
         self,
@@ -57,8 +62,10 @@ class FixedWalk:
         walked: int = WALKED_LEVELS,
         scored: int = SCORED_LEVELS,
         single_reads: int = GPU_BLOCK_ELEMENTS,
+        dense_factor: float = GPU_DENSE_FACTOR,
     ) -> None:
         self.store, self.rule = store, rule  # the rule: ``TreeWalk.dense``, one product per level or gathers
+        self.dense_factor = dense_factor  # the rule's factor for a walked level (a GPU's, not the CPU's)
         self.walked, self.scored = walked, scored
         self.single_reads = single_reads  # node values one query's product may read to score the tree whole
         self._ancestors: dict[tuple[int, torch.device], Tensor] = {}
@@ -143,7 +150,7 @@ class FixedWalk:
         for step in range(steps):  # WALKED_LEVELS steps at most, whatever n
             width = 2 << (level + step)  # nodes on the children's level, from heap index width - 1
             children, floor = nodes[width - 1 : 2 * width - 1], floors[width - 1 : 2 * width - 1]  # (width, F)
-            if self.rule.dense(width, n_query, 2 * k, self.rule.dense_factor / LEVEL_GATHER_GAIN):
+            if self.rule.dense(width, n_query, 2 * k, self.dense_factor):  # one product beats the gathers
                 qrow = torch.arange(n_query, device=phi.device).repeat_interleave(k) if qrow is None else qrow
                 self._level_pairs(phi, children, floor, torch.add(pos, qrow, alpha=width // 2), scores[:, step])
             else:
