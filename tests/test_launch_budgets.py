@@ -31,9 +31,9 @@ KERNEL_BEYOND_UNIGRAM = {"output=quadratic": 122, "output=rff": 122 + 7}
 # buckets are scored whole (``SCORED_LEVELS``), deeper ones walk their last levels, at most ``WALKED_LEVELS``
 WHOLE, WALKED = 10_000, (200_000, 1_000_000)
 # what walking takes beyond a tree scored whole, at most: a fixed part (the turns' random numbers and bits, the
-# path's log-probability: 14 operators) and 7 a level walked (a gather, a product, the floors and their clamp, the
+# path's log-probability: 13 operators) and 7 a level walked (a gather, a product, the floors and their clamp, the
 # turn, its comparison, the move), for at most WALKED_LEVELS levels
-WALK_OPERATORS = 14 + 7 * WALKED_LEVELS
+WALK_OPERATORS = 13 + 7 * WALKED_LEVELS
 
 
 def counts(overrides: list[str], n: int, execution: str = "gpu"):
