@@ -46,3 +46,16 @@ def test_a_uniform_log_q_launches_nothing_and_is_exact_in_its_dtype():
         log_q = sampler.log_q(None, ids)
     assert counter.counts.launches == 0 and log_q.shape == (7, 5) and log_q.dtype == torch.float64
     assert torch.equal(log_q, torch.full((7, 5), -math.log(1000), dtype=torch.float64))
+
+
+def test_the_first_class_is_made_once_contiguous_and_ordinary():
+    """The cross entropy's class-0 targets: contiguous int64 zeros, the same tensor on every call of one size (no
+    launch), an ordinary tensor even when first made under inference mode (Lightning's sanity check)."""
+    with torch.inference_mode():
+        first = constants.first_class(7, torch.device("cpu"))
+    assert not first.is_inference() and first.is_contiguous() and first.dtype == torch.long
+    assert first.tolist() == [0] * 7
+    with DispatchCounter() as counter:
+        again = constants.first_class(7, torch.device("cpu"))
+    assert again is first and counter.counts.launches == 0
+    assert constants.first_class(3, torch.device("cpu")).shape == (3,)

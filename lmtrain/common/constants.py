@@ -2,7 +2,7 @@
 
 A tensor filled with a constant is a kernel launch on a GPU each time it is made; an expanded cached element is a
 view, which launches nothing. Uses: the column [x, 1] that lets one dot product with a row [w, b] add the bias b,
-and the log q of a uniform proposal."""
+the log q of a uniform proposal, and the class index 0 of the sampled softmax's cross entropy."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 _CONSTANTS: dict[tuple[float, torch.device, torch.dtype], Tensor] = {}
+_FIRST_CLASS: dict[tuple[int, torch.device], Tensor] = {}
 
 
 def constant(value: float, device: torch.device, dtype: torch.dtype) -> Tensor:
@@ -30,3 +31,17 @@ def with_column(x: Tensor, value: float) -> Tensor:
 def with_ones_column(x: Tensor) -> Tensor:
     """(..., d) -> (..., d + 1) = [x, 1], whose dot product with a row [w, b] adds the bias b."""
     return with_column(x, 1.0)
+
+
+def first_class(positions: int, device: torch.device) -> Tensor:
+    """(positions,) int64 zeros, class 0 for every position (the target of a cross entropy whose first logit is the
+    target's), made once per size and device: contiguous, since a loss kernel may copy an expanded index first.
+    Read-only."""
+    key = (positions, device)
+    cached = _FIRST_CLASS.get(key)
+    if cached is None:
+        if len(_FIRST_CLASS) > 8:  # sizes come and go (the last batch of an epoch): keep a few
+            _FIRST_CLASS.clear()
+        with torch.inference_mode(False), torch.no_grad():
+            cached = _FIRST_CLASS[key] = torch.zeros(positions, dtype=torch.long, device=device)
+    return cached

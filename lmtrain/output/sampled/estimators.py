@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lmtrain.common.constants import constant
+from lmtrain.common.constants import first_class
 from lmtrain.sampler.proposal import Proposal
 
 
@@ -63,7 +63,7 @@ def joint_softmax_nll(scores: Tensor, offsets: Tensor, mean: bool = False) -> Te
     entropy with class 0 (a log-softmax and a pick, whose backward pass is two operators where the log-sum-exp less
     the target's logit takes seven; the mean taken by the pick, none of its own)."""
     logits = scores - F.pad(offsets, (1, 0))  # (N, 1 + m), the target's logit as it is
-    first = constant(0, scores.device, torch.long).expand(scores.shape[0])  # (N,) class 0, a view
+    first = first_class(scores.shape[0], scores.device)  # (N,) class 0, made once
     return F.cross_entropy(logits, first, reduction="mean" if mean else "none")
 
 

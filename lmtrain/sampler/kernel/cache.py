@@ -100,8 +100,9 @@ class FeatureCache(nn.Module):
         n, dim = weight.shape
         shape, rows = (self.table.shape[0], dim), self.rows
         if rows.shape != shape or rows.dtype != weight.dtype or rows.device != weight.device:
-            self.rows = rows = weight.new_zeros(shape)
-            rows[:n] = features.prepare(weight)
+            with torch.inference_mode(False), torch.no_grad():  # an ordinary tensor: the update writes into it
+                self.rows = rows = weight.new_zeros(shape)
+                rows[:n] = features.prepare(weight)
         return rows
 
     def keep_prepared(self, ids: Tensor | None, prepared: Tensor) -> None:
