@@ -110,7 +110,7 @@ class AdaptiveSoftmax(OutputLayer):
             low, high = asm.cutoffs[k], asm.cutoffs[k + 1]
             local = (target - low).clamp(0, high - low - 1)  # (N,) the target's column in the cluster (clamped)
             inside = self.tail_log_prob(tail, hidden, local)  # (N,) log p(local | cluster k)
-            log_p = log_p + torch.where(cluster == k + 1, inside, 0.0)
+            log_p = log_p + inside.masked_fill(cluster != k + 1, 0.0)  # a fill, not a where with a scalar tensor
         return log_p
 
     def tail_log_prob(self, tail: nn.Module, hidden: Tensor, local: Tensor) -> Tensor:

@@ -100,7 +100,7 @@ class BigramSampler(Sampler):
         keys = prev.unsqueeze(1) * self.num_classes + ids  # (N, k) p * n + j
         flat = keys.reshape(-1)  # (N * k,) a flat search is faster than a batched one
         found = torch.searchsorted(self.pairs, flat).clamp_(max=self.pairs.numel() - 1)  # (N * k,)
-        bigram = torch.where(self.pairs[found] == flat, self.pair_q[found], 0.0).view_as(keys)  # (N, k)
+        bigram = self.pair_q[found].masked_fill(self.pairs[found] != flat, 0.0).view_as(keys)  # (N, k)
         q = bigram + self.share[prev].unsqueeze(1) * self.unigram_q[ids]  # (N, k) float64
         return q.log().to(self.unigram.log_probs.dtype)
 
