@@ -59,7 +59,17 @@ class SampledSoftmax(SampledOutput):
     def loss(self, hidden: Tensor, target: Tensor, inputs: Tensor | None = None) -> Tensor:
         d = self.scored_draw(hidden, target, inputs)
         return self.sampled_nll(
-            d.query, target, d.target_score, d.noise_score, d.ids, d.log_q, d.tries, inputs, d.proposal, d.scores, True
+            d.query,
+            target,
+            d.target_score,
+            d.noise_score,
+            d.ids,
+            d.log_q,
+            d.tries,
+            inputs,
+            d.proposal,
+            d.scores,
+            mean=True,
         )
 
     def sampled_nll(
