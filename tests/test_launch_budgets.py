@@ -63,13 +63,17 @@ def full_step() -> int:
     return count_train_step(["output=full", "execution=gpu"], 2000).launches
 
 
-# where it is met (docs/gpu.md: why not the others)
-@pytest.mark.parametrize("output", ["hsm", "nce", "negative", "uniform"])
-def test_other_strategies_launch_at_most_one_and_a_half_fulls_plus_their_draw(output, full_step):
+# where it is met, and (1) where one operator over it: the targets' log q, a gather that uniform's constant log q
+# does not need and the draw's count leaves out (docs/gpu.md: why not the others)
+OVER_THE_RULE = {"hsm": 0, "nce": 0, "negative": 0, "uniform": 0, "unigram": 1, "exp": 1, "bigram": 1}
+
+
+@pytest.mark.parametrize(("output", "over"), OVER_THE_RULE.items())
+def test_other_strategies_launch_at_most_one_and_a_half_fulls_plus_their_draw(output, over, full_step):
     """The default model (the rule is about its step: a smaller model shrinks the full softmax's count more)."""
     step = count_train_step([f"output={output}", "execution=gpu"], 2000)
     draw = count_draw([f"output={output}", "execution=gpu"], 2000).launches
-    assert step.syncs <= 1 and step.launches <= 1.5 * full_step + draw, (step.launches, full_step, draw)
+    assert step.syncs <= 1 and step.launches <= 1.5 * full_step + draw + over, (step.launches, full_step, draw)
 
 
 def test_a_draw_is_counted_alone():
