@@ -177,8 +177,8 @@ class SoftmaxesOverTheClasses(DispatchCounter):
 
 
 @pytest.mark.parametrize("execution", ["cpu", "gpu"])
-def test_the_softmax_proposal_takes_its_log_softmax_once_a_step(execution):
-    """``output=exp``: one (N, n) product and log-softmax a step serve the draws and the targets' log q (each took its
-    own before), on both paths."""
+def test_the_softmax_proposal_takes_its_log_softmax_once_a_step_on_the_gpu_paths(execution):
+    """``output=exp``: on the GPU paths one (N, n) product and log-softmax a step serve the draws and the targets'
+    log q; the CPU paths take one for each (faster there: ``SoftmaxProposal``)."""
     step = counted_step(SoftmaxesOverTheClasses, [*SMALL, "output=exp", f"execution={execution}"], 2000, (20, 35), 2, 0)
-    assert step.over_classes == 1
+    assert step.over_classes == (1 if execution == "gpu" else 2)

@@ -7,11 +7,12 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from lmtrain.common.execution import DeviceAware
 from lmtrain.sampler.base import Sampler
 from lmtrain.sampler.proposal import Proposal
 
 
-class SoftmaxSampler(Sampler):
+class SoftmaxSampler(Sampler, DeviceAware):
     """q(i | h) = softmax(score(query(h), weight))_i, per example: the output layer's own softmax over its current
     weights (its ``score``: the dot product by default, tau * cos for ``output=rff``, |o| for ``output=quadratic``).
 
@@ -42,28 +43,51 @@ class SoftmaxSampler(Sampler):
             raise ValueError("SoftmaxSampler needs the query vectors and the weights (call update(weight) first)")
         return torch.log_softmax(self._score(hidden.detach(), self._weight), dim=1)  # (N, n)
 
-    def propose(self, hidden: Tensor | None, inputs: Tensor | None = None) -> SoftmaxProposal:
-        return SoftmaxProposal(self._log_softmax(hidden))
+    def propose(self, hidden: Tensor | None, inputs: Tensor | None = None) -> Proposal:
+        if not self.gpu_paths:  # see SoftmaxProposal: on a CPU each use takes its own table
+            return super().propose(hidden, inputs)
+        return SoftmaxProposal(self, hidden)
 
     def sample(self, hidden: Tensor | None, num_samples: int, inputs: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        return self.propose(hidden).sample(num_samples)
+        return draw(self._log_softmax(hidden), num_samples)
 
     def log_q(self, hidden: Tensor | None, ids: Tensor, inputs: Tensor | None = None) -> Tensor:
         return self._log_softmax(hidden).gather(1, ids)  # (N, k)
 
 
 class SoftmaxProposal(Proposal):
-    """One step's softmax proposal: its log-probabilities (N, n) computed once, for the draws and for the targets'
-    log q (one product and one log-softmax a step where each use took its own)."""
+    """One step's softmax proposal on the GPU paths: its log-probabilities (N, n) computed once for the draws and for
+    the targets' log q (one product and one log-softmax a step where each use takes its own); told the targets
+    (``expect``), the draw takes their log q too and lets the table go. The CPU paths keep a table per use: on the
+    2-core CPU this proposal made PTB steps about a fifth slower, not faster (``scripts/bench_before_after.py``;
+    the allocator's page faults, by the profile, in the later gathers and the backward pass)."""
 
     per_example = True
 
-    def __init__(self, log_probs: Tensor) -> None:
-        self.log_probs = log_probs  # (N, n)
+    def __init__(self, sampler: SoftmaxSampler, hidden: Tensor | None) -> None:
+        self.sampler, self.hidden = sampler, hidden
+        self._log_probs: Tensor | None = None
+
+    @property
+    def log_probs(self) -> Tensor:
+        """(N, n), computed at the first use (again if asked for after a draw let it go)."""
+        if self._log_probs is None:
+            self._log_probs = self.sampler._log_softmax(self.hidden)
+        return self._log_probs
 
     def sample(self, num_samples: int) -> tuple[Tensor, Tensor]:
-        ids = torch.multinomial(self.log_probs.exp(), num_samples, replacement=True)  # (N, m)
-        return ids, self.log_probs.gather(1, ids)
+        log_probs = self.log_probs
+        if self.expected is not None:
+            self.remember(log_probs.gather(1, self.expected))  # the targets' (N, j)
+            self._log_probs = None
+        return draw(log_probs, num_samples)
 
     def log_q(self, ids: Tensor) -> Tensor:
-        return self.log_probs.gather(1, ids)  # (N, k)
+        known = self.known_log_q(ids)  # taken with the draws
+        return known if known is not None else self.log_probs.gather(1, ids)  # (N, k)
+
+
+def draw(log_probs: Tensor, num_samples: int) -> tuple[Tensor, Tensor]:
+    """``num_samples`` ids per row of ``log_probs`` (N, n), with replacement, and their log q: (N, m) each."""
+    ids = torch.multinomial(log_probs.exp(), num_samples, replacement=True)  # (N, m)
+    return ids, log_probs.gather(1, ids)
