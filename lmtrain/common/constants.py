@@ -6,6 +6,9 @@ the log q of a uniform proposal, and the class index 0 of the sampled softmax's 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -13,14 +16,18 @@ _CONSTANTS: dict[tuple[float, torch.device, torch.dtype], Tensor] = {}
 _FIRST_CLASS: dict[tuple[int, torch.device], Tensor] = {}
 
 
+def _made_once(cache: dict[Any, Tensor], key: Any, make: Callable[[], Tensor]) -> Tensor:
+    """``cache[key]``, made by ``make`` at the first call: an ordinary tensor even if made during evaluation."""
+    cached = cache.get(key)
+    if cached is None:
+        with torch.inference_mode(False), torch.no_grad():
+            cached = cache[key] = make()
+    return cached
+
+
 def constant(value: float, device: torch.device, dtype: torch.dtype) -> Tensor:
     """A 0-dimensional tensor of ``value``, made once per (value, device, dtype); read-only (expand it, never write)."""
-    key = (value, device, dtype)
-    cached = _CONSTANTS.get(key)
-    if cached is None:
-        with torch.inference_mode(False), torch.no_grad():  # an ordinary tensor even if made during evaluation
-            cached = _CONSTANTS[key] = torch.full((), value, device=device, dtype=dtype)
-    return cached
+    return _made_once(_CONSTANTS, (value, device, dtype), lambda: torch.full((), value, device=device, dtype=dtype))
 
 
 def with_column(x: Tensor, value: float) -> Tensor:
@@ -38,10 +45,6 @@ def first_class(positions: int, device: torch.device) -> Tensor:
     target's), made once per size and device: contiguous, since a loss kernel may copy an expanded index first.
     Read-only."""
     key = (positions, device)
-    cached = _FIRST_CLASS.get(key)
-    if cached is None:
-        if len(_FIRST_CLASS) > 8:  # sizes come and go (the last batch of an epoch): keep a few
-            _FIRST_CLASS.clear()
-        with torch.inference_mode(False), torch.no_grad():
-            cached = _FIRST_CLASS[key] = torch.zeros(positions, dtype=torch.long, device=device)
-    return cached
+    if key not in _FIRST_CLASS and len(_FIRST_CLASS) > 8:  # sizes come and go (an epoch's last batch): keep a few
+        _FIRST_CLASS.clear()
+    return _made_once(_FIRST_CLASS, key, lambda: torch.zeros(positions, dtype=torch.long, device=device))

@@ -18,6 +18,8 @@ class Proposal:
     (context-free, or one proposal built from the whole batch), and ``log_q`` takes ids of any shape."""
 
     per_example: bool = False
+    _expected: Tensor | None = None  # ``expect``'s ids, and their log q once ``remember`` keeps it
+    _expected_log_q: Tensor | None = None
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -39,7 +41,7 @@ class Proposal:
     @property
     def expected(self) -> Tensor | None:
         """The ids given to ``expect``, if any."""
-        return getattr(self, "_expected", None)
+        return self._expected
 
     def remember(self, log_q: Tensor) -> None:
         """Keep ``log_q`` of the expected ids, computed with the draws."""
@@ -47,7 +49,7 @@ class Proposal:
 
     def known_log_q(self, ids: Tensor) -> Tensor | None:
         """The log q of ``ids`` kept by ``remember`` when they are the expected ids (the same tensor), else None."""
-        known, log_q = self.expected, getattr(self, "_expected_log_q", None)
+        known, log_q = self._expected, self._expected_log_q
         if log_q is None or known is None or ids.shape != known.shape or ids.data_ptr() != known.data_ptr():
             return None
         return log_q
