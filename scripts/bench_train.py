@@ -55,6 +55,7 @@ import torch
 import torch.nn.functional as F
 from hydra.utils import instantiate
 
+from lmtrain.common.precision import lstm_region
 from lmtrain.config import compose_config
 from lmtrain.tools.run_records import read_metrics, training_throughput
 from lmtrain.training.memory import reuse_freed_memory
@@ -188,7 +189,7 @@ def plain_round(
             wait()
             tokens, start = 0, time.perf_counter()
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        with autocast():
+        with autocast(), lstm_region(device):  # float32 where the CPU has no bfloat16 LSTM, as lmtrain runs it
             out, state = lstm(emb(x), state)
             loss = F.cross_entropy(proj(out).reshape(-1, n), y.reshape(-1)) * x.shape[1]
         if read_loss:

@@ -67,8 +67,24 @@ def test_shared_cosine_scores_gather_targets_and_negatives_once_up_to_a_size(joi
     assert_paths_agree(["output=rff", "sampler=uniform", "output.shared_negatives=true"])
 
 
-def assert_paths_agree(overrides: list[str], paths: tuple[str, ...] = ("cpu", "gpu")) -> None:
-    """The GPU path's loss and gradients equal the CPU path's (with one path given: only run it)."""
+# the lookups of a proposal whose log q is a lookup, in one forward pass on the GPU paths: the targets' log q is looked
+# up with the negatives' (``SampledOutput.joint_draw``), one fewer than a lookup each (unigram: the alias table, the
+# log q and the rows; bigram: the query's ones column and the joined ids, no join of the draws and the targets)
+LOOKUPS = {"unigram": ("index", 3), "exp": ("gather", 1), "bigram": ("cat", 2), "nce": ("index", 3)}
+
+
+@pytest.mark.parametrize(("output", "lookup"), LOOKUPS.items())
+def test_the_targets_log_q_is_looked_up_with_the_negatives(output, lookup):
+    module, hidden, target, inputs = built([f"output={output}"])
+    set_execution(module, "gpu")
+    with DispatchCounter() as counter:
+        module.loss(hidden, target, inputs)
+    op, expected = lookup
+    assert counter.counts.by_op[op] == expected, dict(counter.counts.by_op)
+
+
+def built(overrides: list[str]):
+    """A float64 output layer of ``CLASSES`` classes with random weights, and a batch: hidden, target, inputs."""
     counts = synthetic_counts(CLASSES)
     stream = torch.multinomial(counts.double(), 5000, replacement=True, generator=torch.Generator().manual_seed(0))
     torch.manual_seed(0)
@@ -79,6 +95,12 @@ def assert_paths_agree(overrides: list[str], paths: tuple[str, ...] = ("cpu", "g
     hidden = torch.randn(N, DIM, dtype=torch.float64)
     target = torch.multinomial(counts.double(), N, replacement=True)
     inputs = torch.multinomial(counts.double(), N, replacement=True)
+    return output, hidden, target, inputs
+
+
+def assert_paths_agree(overrides: list[str], paths: tuple[str, ...] = ("cpu", "gpu")) -> None:
+    """The GPU path's loss and gradients equal the CPU path's (with one path given: only run it)."""
+    output, hidden, target, inputs = built(overrides)
     if len(paths) == 1:
         loss_and_grads(output, hidden, target, inputs, paths[0])
         return

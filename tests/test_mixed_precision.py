@@ -8,8 +8,10 @@ import lightning as L
 import pytest
 import torch
 
+from lmtrain.common import precision as precision_module
 from lmtrain.common.precision import autocast_on, float32_region, in_float32
 from lmtrain.config.validate import ConfigError, check_config
+from lmtrain.model.lstm import LSTMEncoder
 from lmtrain.output.sampled.base import SampledOutput
 from lmtrain.sampler.kernel.sampler import KernelSampler
 from lmtrain.tools.trained import load_model
@@ -40,6 +42,23 @@ def test_the_float32_region_turns_autocast_off_and_back_on(device):
         assert (a @ b).dtype == torch.bfloat16
         assert in_float32(lambda x: x @ x)(a.bfloat16()).dtype == torch.float32  # low-precision inputs cast up
     assert not autocast_on()
+
+
+def test_a_cpu_without_a_low_precision_lstm_runs_torchs_own_lstm(monkeypatch):
+    """On a CPU whose oneDNN has no bfloat16 LSTM (AVX2 only) autocast's LSTM fails; the encoder then runs torch's own
+    LSTM (oneDNN's would return bfloat16): float32 hidden states, equal to float32's to bfloat16 rounding, and
+    gradients."""
+    monkeypatch.setattr(precision_module, "cpu_rnn_takes", lambda dtype: False)
+    torch.manual_seed(0)
+    encoder = LSTMEncoder(50, emb_dim=8, hidden_dim=8, num_layers=2)
+    tokens = torch.randint(50, (3, 5))
+    plain, _ = encoder(tokens)
+    with bf16("cpu"):
+        mixed, _ = encoder(tokens)
+    assert mixed.dtype == torch.float32
+    torch.testing.assert_close(mixed, plain, rtol=0.05, atol=5e-3)  # bfloat16 products: about 1e-2 relative
+    mixed.sum().backward()
+    assert all(p.grad is not None and bool(p.grad.isfinite().all()) for p in encoder.parameters())
 
 
 @pytest.mark.parametrize("device", DEVICES)

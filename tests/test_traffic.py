@@ -33,6 +33,18 @@ def test_a_gather_reads_the_rows_it_picks_not_its_whole_source():
     assert moved(lambda: table.index_select(0, ids)) == 2 * 3 * 8 * F32 + 3 * 8  # picked rows twice, int64 ids
 
 
+def test_the_nll_loss_reads_the_targets_entries_and_its_gradient_writes_without_reading():
+    """Which bug: counting the (N, C) log-probabilities as read by the loss and by its gradient, which only pick N
+    entries and take the shape: 2 N C values at 10^6 classes that no kernel moves."""
+    log_probs, target = torch.randn(4, 1000).log_softmax(1), torch.tensor([1, 2, 3, 4])
+    assert moved(lambda: torch.ops.aten.nll_loss_forward(log_probs, target, None, 1, -100)) == (
+        4 * F32 + 4 * 8 + 2 * F32  # the picked entries, the int64 targets; the loss and its total weight written
+    )
+    grad, weight = torch.ones(()), torch.tensor(4.0)
+    backward = lambda: torch.ops.aten.nll_loss_backward(grad, log_probs, target, None, 1, -100, weight)  # noqa: E731
+    assert moved(backward) == F32 + 4 * 8 + F32 + 4 * 1000 * F32  # grad, targets, total weight; the gradient written
+
+
 def test_a_scatter_reads_and_writes_the_rows_it_touches():
     table, ids, rows = torch.zeros(100_000, 8), torch.tensor([1, 5]), torch.randn(2, 8)
     assert moved(lambda: table.index_add_(0, ids, rows)) == 2 * 8 + 3 * 2 * 8 * F32  # ids, rows, touched rows r+w

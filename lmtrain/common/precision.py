@@ -12,8 +12,9 @@ every subclass (docs/strategies.md, "Mixed precision").
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from typing import Any, TypeVar
 
 import torch
@@ -21,6 +22,7 @@ import torch
 AUTOCAST_DEVICES = ("cpu", "cuda")
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 F = TypeVar("F", bound=Callable[..., Any])
+log = logging.getLogger(__name__)
 
 
 def autocast_on() -> bool:
@@ -66,3 +68,32 @@ def wrap_methods(cls: type, names: tuple[str, ...]) -> None:
         method = cls.__dict__.get(name)
         if callable(method) and not getattr(method, "__wrapped_in_float32__", False):
             setattr(cls, name, in_float32(method))
+
+
+@functools.cache
+def cpu_rnn_takes(dtype: torch.dtype) -> bool:
+    """Whether this CPU's oneDNN builds an LSTM under autocast to ``dtype``. An LSTM under CPU autocast is oneDNN's,
+    whose bfloat16 LSTM needs AVX-512: on an AVX2-only CPU it fails ("could not create a primitive descriptor"). A
+    one-step probe, once per process and dtype; False logs a warning (the encoder then runs torch's own LSTM)."""
+    lstm = torch.nn.LSTM(2, 2)
+    try:
+        with torch.autocast("cpu", dtype=dtype), torch.no_grad():
+            lstm(torch.zeros(1, 1, 2))
+    except RuntimeError:
+        log.warning(
+            "mixed precision on this CPU: its oneDNN has no %s LSTM (that needs AVX-512), so the encoder runs "
+            "torch's own LSTM (slower; its products still in %s under autocast)",
+            dtype,
+            dtype,
+        )
+        return False
+    return True
+
+
+def lstm_region(device: torch.device) -> AbstractContextManager[Any]:
+    """Where an LSTM on ``device`` runs: as it is, except under CPU autocast to a dtype this CPU's oneDNN has no LSTM
+    in (``cpu_rnn_takes``), where oneDNN is off for it: torch's own LSTM, whose products autocast casts as any other
+    (its output and state float32)."""
+    if device.type == "cpu" and torch.is_autocast_enabled("cpu") and not cpu_rnn_takes(torch.get_autocast_dtype("cpu")):
+        return torch.backends.mkldnn.flags(enabled=False)
+    return nullcontext()

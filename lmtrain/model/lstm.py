@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
+from lmtrain.common.precision import lstm_region
 from lmtrain.common.ranges import AT_LEAST_1
 
 State = tuple[Tensor, Tensor]  # (h, c), each (num_layers, B, hidden_dim)
@@ -66,5 +67,6 @@ class LSTMEncoder(nn.Module):
     def forward(self, tokens: Tensor, state: State | None = None) -> tuple[Tensor, State]:
         """tokens (B, T) -> hidden (B, T, hidden_dim), new state."""
         emb = self.drop(self.embedding(tokens))  # (B, T, emb_dim)
-        out, state = self.lstm(emb, state)  # (B, T, hidden_dim)
+        with lstm_region(emb.device):
+            out, state = self.lstm(emb, state)  # (B, T, hidden_dim)
         return self.drop(out), state

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmtrain.common.precision import in_float32
@@ -13,6 +14,7 @@ from lmtrain.output.chunked_softmax import chunked_softmax_nll, fitting_chunk, l
 from lmtrain.output.options import AdaptiveOptions
 
 HEAD_CAP, TAIL_FRACTION, MAX_CLUSTERS = 2000, 0.6, 3
+IGNORED = -100  # a target that cross entropy skips (its default ignore_index): a position outside a tail cluster
 
 
 def derive_cutoffs(num_classes: int, max_clusters: int = MAX_CLUSTERS) -> list[int]:
@@ -35,6 +37,18 @@ def derive_cutoffs(num_classes: int, max_clusters: int = MAX_CLUSTERS) -> list[i
     return cutoffs
 
 
+def target_columns(num_classes: int, cutoffs: list[int]) -> Tensor:
+    """(1 + K, n) int64 for K tail clusters: row 0 each word's column in the head (its own below ``cutoffs[0]``,
+    else its cluster's, after the shortlist), row k its column in tail cluster k, or ``IGNORED`` outside it."""
+    words = torch.arange(num_classes)
+    bounds = [*cutoffs, num_classes]
+    cluster = torch.bucketize(words, torch.tensor(cutoffs), right=True)  # (n,) 0: head, k: tail cluster k
+    rows = [torch.where(cluster == 0, words, cluster + (cutoffs[0] - 1))]
+    for k in range(len(cutoffs)):
+        rows.append(torch.where(cluster == k + 1, words - bounds[k], IGNORED))
+    return torch.stack(rows)
+
+
 def max_clusters(dim: int, div_value: float) -> int:
     """Most tail clusters (at most 3) whose projection dim / div_value^k keeps at least one dimension."""
     k = 0
@@ -52,9 +66,10 @@ class AdaptiveSoftmax(OutputLayer):
     from the vocabulary size (``derive_cutoffs``, with no more clusters than ``dim`` allows). All
     parameters are dense (no sparse row gradients).
 
-    On the GPU paths (``gpu_paths``) the training loss takes ``fixed_shape_log_prob``: torch's module finds each
+    On the GPU paths (``gpu_paths``) the training loss takes ``fixed_shape_nll``: torch's module finds each
     cluster's positions with ``nonzero`` (a host sync per cluster); there every tail cluster is scored for all N
-    positions instead, the target clamped into it, and a mask keeps the positions that belong to it. That costs
+    positions instead, each a cross entropy whose targets (one table lookup a step, ``target_columns``) ignore the
+    positions outside the cluster. That costs
     N x (cluster size) logits per tail cluster where the CPU path scores only the cluster's own positions: dense
     while they fit in the budget (float32: ``logits_mib`` MiB, or ``gpu_logits_fraction`` of a GPU's memory, as
     ``FullSoftmax``), else in vocabulary chunks of that size (``chunked_softmax_nll``), so memory stays bounded at
@@ -84,9 +99,9 @@ class AdaptiveSoftmax(OutputLayer):
         self.num_classes, self.dim = num_classes, dim
         self.cutoffs, self.logits_mib, self.gpu_logits_fraction = cutoffs, opts.logits_mib, opts.gpu_logits_fraction
         head_bias = opts.head_bias
-        # where the clusters begin, for the GPU paths; not saved: checkpoints are the same on both paths
-        self.register_buffer("bounds", torch.tensor(cutoffs), persistent=False)
         self.asm = nn.AdaptiveLogSoftmaxWithLoss(dim, num_classes, cutoffs, div_value=div_value, head_bias=head_bias)
+        # every word's targets, for the GPU paths (one lookup a step); not saved: checkpoints are the same on both paths
+        self.register_buffer("columns", target_columns(num_classes, cutoffs), persistent=False)  # (1 + K, n)
 
     def log_prob(self, hidden: Tensor, target: Tensor) -> Tensor:
         return self.asm(hidden, target).output  # (N,) exact log p(target | hidden)
@@ -96,32 +111,32 @@ class AdaptiveSoftmax(OutputLayer):
         """The exact NLL, in float32 under autocast: torch's adaptive softmax writes its bfloat16 cluster
         log-probabilities into a tensor of the input's dtype and fails (or, given bfloat16, sums in bfloat16)."""
         if self.gpu_paths:
-            return (-self.fixed_shape_log_prob(hidden, target)).mean()
+            return self.fixed_shape_nll(hidden, target)
         return self.asm(hidden, target).loss
 
-    def fixed_shape_log_prob(self, hidden: Tensor, target: Tensor) -> Tensor:
-        """(N, d), (N,) -> (N,) log p(target | hidden) with shapes that do not depend on the targets: no host sync."""
+    def fixed_shape_nll(self, hidden: Tensor, target: Tensor) -> Tensor:
+        """(N, d), (N,) -> the mean of -log p(target | hidden) with shapes that do not depend on the targets (no host
+        sync): the head's cross entropy at the target's head column (the word, or its cluster's column), plus each
+        tail cluster's at the target's column in it, positions outside the cluster ignored (they add 0)."""
         asm = self.asm
-        cluster = torch.bucketize(target, self.bounds, right=True)  # (N,) 0: head, k: tail cluster k
-        head = torch.log_softmax(asm.head(hidden), dim=1)  # (N, shortlist + clusters)
-        column = torch.where(cluster == 0, target, cluster + (asm.shortlist_size - 1))  # the word or its cluster
-        log_p = head.gather(1, column[:, None])[:, 0]  # (N,)
+        columns = self.columns[:, target]  # (1 + K, N): head column, then the column in each tail (or IGNORED)
+        total = F.cross_entropy(asm.head(hidden), columns[0], reduction="sum")
         for k, tail in enumerate(asm.tail):
-            low, high = asm.cutoffs[k], asm.cutoffs[k + 1]
-            local = (target - low).clamp(0, high - low - 1)  # (N,) the target's column in the cluster (clamped)
-            inside = self.tail_log_prob(tail, hidden, local)  # (N,) log p(local | cluster k)
-            log_p = log_p + inside.masked_fill(cluster != k + 1, 0.0)  # a fill, not a where with a scalar tensor
-        return log_p
+            total = total + self.tail_nll(tail, hidden, columns[k + 1])
+        return total / hidden.shape[0]
 
-    def tail_log_prob(self, tail: nn.Module, hidden: Tensor, local: Tensor) -> Tensor:
-        """(N,) log p(local | cluster) of one tail cluster at every position: dense, or chunked when large."""
+    def tail_nll(self, tail: nn.Module, hidden: Tensor, local: Tensor) -> Tensor:
+        """The sum over the positions in one tail cluster of -log p(local | cluster), ``local`` (N,) IGNORED at the
+        others: all N positions scored, dense, or in vocabulary chunks when large."""
         projected = tail[0](hidden)  # (N, d / div_value^k)
         words = tail[1].weight  # (cluster size, d / div_value^k)
         budget = logits_budget_mib(self.logits_mib, self.gpu_logits_fraction, hidden.device)
         chunk = fitting_chunk(budget, hidden.shape[0])
         if chunk >= words.shape[0]:
-            return torch.log_softmax(tail[1](projected), dim=1).gather(1, local[:, None])[:, 0]
-        return -chunked_softmax_nll(projected, words, None, local, chunk)  # torch's tail layers have no biases
+            return F.cross_entropy(tail[1](projected), local, reduction="sum")  # IGNORED is cross entropy's default
+        outside = local == IGNORED  # (N,)
+        nll = chunked_softmax_nll(projected, words, None, local.clamp(min=0), chunk)  # torch's tails have no biases
+        return nll.masked_fill(outside, 0.0).sum()
 
     def log_probs_all(self, hidden: Tensor) -> Tensor:
         return self.asm.log_prob(hidden)

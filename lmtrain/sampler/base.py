@@ -33,10 +33,11 @@ class Sampler(nn.Module):
     runtime_args: ClassVar[tuple[str, ...]] = ("num_classes",)
 
     per_example: bool = False
+    log_q_by_lookup: bool = False  # log q of any ids is a lookup (``Proposal.log_q_by_lookup``)
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
-        wrap_methods(cls, ("propose", "sample", "log_q", "log_q_all", "update"))
+        wrap_methods(cls, ("propose", "sample", "sample_ids", "log_q", "log_q_all", "update"))
 
     def propose(self, hidden: Tensor | None, inputs: Tensor | None = None) -> Proposal:
         """This step's proposal for the queries ``hidden`` (N, d') and input tokens ``inputs`` (N,): built once per
@@ -47,6 +48,10 @@ class Sampler(nn.Module):
     def sample(self, hidden: Tensor | None, num_samples: int, inputs: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Draw ``num_samples`` ids (with replacement); return (ids, log_q) of equal shape."""
         raise NotImplementedError
+
+    def sample_ids(self, hidden: Tensor | None, num_samples: int, inputs: Tensor | None = None) -> Tensor:
+        """``sample``'s ids alone, the same draws; a sampler whose log q is a lookup skips it."""
+        return self.sample(hidden, num_samples, inputs=inputs)[0]
 
     def log_q(self, hidden: Tensor | None, ids: Tensor, inputs: Tensor | None = None) -> Tensor:
         """Exact log q of any ids: the ids' shape for shared proposals (context-free, or batch-shared given the

@@ -87,7 +87,7 @@ class BigramSampler(Sampler):
         offset = torch.randint(1 << _OFFSET_BITS, shape, device=device) % count.clamp(min=1)  # (N, m) in [0, c(p))
         row = (self.start[prev].unsqueeze(1) + offset).clamp(max=self.successors.numel() - 1)  # (N, m); c(p) = 0: any
         from_bigram = self.successors[row].long()  # (N, m)
-        from_unigram, _ = self.unigram.sample(None, prev.numel() * num_samples)  # (N * m,)
+        from_unigram = self.unigram.sample_ids(None, prev.numel() * num_samples)  # (N * m,)
         use_bigram = (torch.rand(shape, device=device, dtype=torch.float64) >= self.unigram_weight) & (count > 0)
         return torch.where(use_bigram, from_bigram, from_unigram.view(shape))  # (N, m)
 
@@ -113,6 +113,7 @@ class BigramProposal(Proposal):
     draws', for the joined ids at once (one binary search and its lookups a step where each took their own)."""
 
     per_example = True
+    log_q_by_lookup = True
 
     def __init__(self, sampler: BigramSampler, prev: Tensor) -> None:
         self.sampler, self.prev = sampler, prev  # prev (N,)
@@ -124,6 +125,9 @@ class BigramProposal(Proposal):
         log_q = self.sampler.log_q_after(self.prev, torch.cat([ids, self.expected], 1))  # (N, m + j)
         self.remember(log_q[:, num_samples:])
         return ids, log_q[:, :num_samples]
+
+    def sample_ids(self, num_samples: int) -> Tensor:
+        return self.sampler.draw(self.prev, num_samples)  # (N, m)
 
     def log_q(self, ids: Tensor) -> Tensor:
         known = self.known_log_q(ids)  # looked up with the draws

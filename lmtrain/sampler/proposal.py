@@ -18,16 +18,23 @@ class Proposal:
     (context-free, or one proposal built from the whole batch), and ``log_q`` takes ids of any shape."""
 
     per_example: bool = False
+    # True where log q of any ids is a lookup whose cost does not depend on how many ids: the GPU paths then draw
+    # the ids alone (``sample_ids``) and look up the targets' and the negatives' log q together, one operator
+    log_q_by_lookup: bool = False
     _expected: Tensor | None = None  # ``expect``'s ids, and their log q once ``remember`` keeps it
     _expected_log_q: Tensor | None = None
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
-        wrap_methods(cls, ("sample", "log_q"))  # float32 under autocast, as the samplers' (precision.py)
+        wrap_methods(cls, ("sample", "sample_ids", "log_q"))  # float32 under autocast, as the samplers' (precision.py)
 
     def sample(self, num_samples: int) -> tuple[Tensor, Tensor]:
         """Draw ``num_samples`` ids (with replacement) per position, or for the batch; (ids, log_q)."""
         raise NotImplementedError
+
+    def sample_ids(self, num_samples: int) -> Tensor:
+        """``sample``'s ids alone, the same draws (a proposal whose log q is a lookup skips it: ``log_q_by_lookup``)."""
+        return self.sample(num_samples)[0]
 
     def log_q(self, ids: Tensor) -> Tensor:
         """Exact log q of ``ids``: (N, k) per position, any shape for a shared proposal."""
@@ -61,10 +68,14 @@ class BoundProposal(Proposal):
 
     def __init__(self, sampler: Sampler, query: Tensor | None, inputs: Tensor | None) -> None:
         self.sampler, self.query, self.inputs = sampler, query, inputs
-        self.per_example = sampler.per_example
+        self.per_example, self.log_q_by_lookup = sampler.per_example, sampler.log_q_by_lookup
 
     def sample(self, num_samples: int) -> tuple[Tensor, Tensor]:
         return self.sampler.sample(self.query, num_samples, inputs=self.inputs)
 
+    def sample_ids(self, num_samples: int) -> Tensor:
+        return self.sampler.sample_ids(self.query, num_samples, inputs=self.inputs)
+
     def log_q(self, ids: Tensor) -> Tensor:
-        return self.sampler.log_q(self.query, ids, inputs=self.inputs)
+        known = self.known_log_q(ids)  # looked up with the draws' (``SampledOutput.joint_draw``)
+        return known if known is not None else self.sampler.log_q(self.query, ids, inputs=self.inputs)

@@ -57,12 +57,15 @@ class SoftmaxSampler(Sampler, DeviceAware):
 
 class SoftmaxProposal(Proposal):
     """One step's softmax proposal on the GPU paths: its log-probabilities (N, n) computed once for the draws and for
-    the targets' log q (one product and one log-softmax a step where each use takes its own); told the targets
-    (``expect``), the draw takes their log q too and lets the table go. The CPU paths keep a table per use: on the
-    2-core CPU this proposal made PTB steps about a fifth slower, not faster (``scripts/bench_before_after.py``;
-    the allocator's page faults, by the profile, in the later gathers and the backward pass)."""
+    the targets' log q (one product and one log-softmax a step where each use takes its own). Its log q is a lookup
+    in that table, so the output layer draws the ids alone (``sample_ids``) and looks up the targets' and the draws'
+    log q in one gather (``SampledOutput.joint_draw``); the table goes with the proposal, at the end of the loss.
+    The CPU paths keep a table per use: on the 2-core CPU this proposal made PTB steps about a fifth slower, not
+    faster (``scripts/bench_before_after.py``; the allocator's page faults, by the profile, in the later gathers
+    and the backward pass)."""
 
     per_example = True
+    log_q_by_lookup = True
 
     def __init__(self, sampler: SoftmaxSampler, hidden: Tensor | None) -> None:
         self.sampler, self.hidden = sampler, hidden
@@ -70,24 +73,28 @@ class SoftmaxProposal(Proposal):
 
     @property
     def log_probs(self) -> Tensor:
-        """(N, n), computed at the first use (again if asked for after a draw let it go)."""
+        """(N, n), computed at the first use."""
         if self._log_probs is None:
             self._log_probs = self.sampler._log_softmax(self.hidden)
         return self._log_probs
 
     def sample(self, num_samples: int) -> tuple[Tensor, Tensor]:
-        log_probs = self.log_probs
-        if self.expected is not None:
-            self.remember(log_probs.gather(1, self.expected))  # the targets' (N, j)
-            self._log_probs = None
-        return draw(log_probs, num_samples)
+        return draw(self.log_probs, num_samples)
+
+    def sample_ids(self, num_samples: int) -> Tensor:
+        return draw_ids(self.log_probs, num_samples)
 
     def log_q(self, ids: Tensor) -> Tensor:
-        known = self.known_log_q(ids)  # taken with the draws
+        known = self.known_log_q(ids)  # looked up with the draws'
         return known if known is not None else self.log_probs.gather(1, ids)  # (N, k)
 
 
 def draw(log_probs: Tensor, num_samples: int) -> tuple[Tensor, Tensor]:
     """``num_samples`` ids per row of ``log_probs`` (N, n), with replacement, and their log q: (N, m) each."""
-    ids = torch.multinomial(log_probs.exp(), num_samples, replacement=True)  # (N, m)
+    ids = draw_ids(log_probs, num_samples)  # (N, m)
     return ids, log_probs.gather(1, ids)
+
+
+def draw_ids(log_probs: Tensor, num_samples: int) -> Tensor:
+    """``draw``'s ids alone, (N, m)."""
+    return torch.multinomial(log_probs.exp(), num_samples, replacement=True)

@@ -28,6 +28,7 @@ class UnigramSampler(Sampler):
     runtime_args: ClassVar[tuple[str, ...]] = ("num_classes", "counts")
 
     per_example = False
+    log_q_by_lookup = True
 
     def __init__(self, num_classes: int, counts: Tensor | None = None, **options: Any) -> None:
         super().__init__()
@@ -59,12 +60,15 @@ class UnigramSampler(Sampler):
         return counts.detach().cpu().to(torch.float64) + smoothing
 
     def sample(self, hidden: Tensor | None, num_samples: int, inputs: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        ids = self.sample_ids(hidden, num_samples)  # (m,)
+        return ids, self.log_probs[ids]
+
+    def sample_ids(self, hidden: Tensor | None, num_samples: int, inputs: Tensor | None = None) -> Tensor:
         device = self.buckets.device
         bucket = torch.randint(self.num_classes, (num_samples,), device=device)  # (m,)
         coin = torch.randint(1 << _SCALE_BITS, (num_samples,), device=device)  # (m,) uniform integer
         threshold, alias = self.buckets[bucket].unbind(1)  # (m,) each, views of one gather
-        ids = torch.where(coin < threshold, bucket, alias)  # (m,)
-        return ids, self.log_probs[ids]
+        return torch.where(coin < threshold, bucket, alias)  # (m,)
 
     def log_q(self, hidden: Tensor | None, ids: Tensor, inputs: Tensor | None = None) -> Tensor:
         return self.log_probs[ids]

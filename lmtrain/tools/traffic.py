@@ -12,7 +12,9 @@ of its tensors once:
 - a scatter into a tensor (``index_add_``, ``index_copy_``, ``index_put_``, ``scatter_add_``, ...) reads and writes
   only the rows it touches (the size of its source), and reads its source and indices;
 - a sparse tensor counts its indices and values, not its dense shape, and a dense tensor updated in place by a
-  sparse one (a sparse SGD step) reads and writes only the rows the sparse one names.
+  sparse one (a sparse SGD step) reads and writes only the rows the sparse one names;
+- ``nll_loss_forward`` reads only each row's target entry of its log-probabilities (a gather), and
+  ``nll_loss_backward`` writes its (N, C) gradient without reading them (their shape only).
 
 Caches, fusion inside a library kernel (a GEMM reads a block several times from cache, not from memory) and
 atomics are not modelled, so the figure is a floor on traffic, not a time. It is exact and machine-independent:
@@ -69,6 +71,11 @@ def operator_bytes(name: str, args: tuple[Any, ...], kwargs: dict[str, Any], out
         picked = sum(tensor_bytes(t) for t in outputs)
         indices = sum(tensor_bytes(t) for t in reads[1:] if not t.is_floating_point())
         return 2 * picked + indices
+    if name == "nll_loss_forward":  # the target's entry of each row of args[0], and the targets (and weights)
+        picked = reads[1].numel() * reads[0].element_size()
+        return picked + sum(tensor_bytes(t) for t in [*reads[1:], *outputs])
+    if name == "nll_loss_backward":  # args[1], the log-probabilities, is read for its shape only
+        return sum(tensor_bytes(t) for t in reads if t is not args[1]) + sum(tensor_bytes(t) for t in outputs)
     sparse = [t for t in reads if t.layout != torch.strided]
     if sparse and reads[0].layout == torch.strided and name in ("add_", "sub_", "add", "sub", "copy_"):
         # a dense tensor plus a sparse one (a sparse SGD step): the sparse rows read, the rows they touch read and

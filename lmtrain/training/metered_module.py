@@ -6,6 +6,7 @@ host from the one loss value a step reads (``MeteredModule._record_step``)."""
 
 from __future__ import annotations
 
+import math
 import time
 
 import lightning as L
@@ -42,7 +43,9 @@ class MeteredModule(FastAttributes, L.LightningModule):
         self.train_seconds = 0.0  # time in training so far, validation and its checkpoints left out (resumed too)
         self._segment: float | None = None  # when the current stretch of training started
         self._run_tokens, self._run_from = 0, 0.0  # this session's training tokens, training_seconds() at its start
-        self._saved_at = 0.0  # time.perf_counter() when the loggers last wrote their files (metrics.csv)
+        # time.perf_counter() when the loggers last wrote their files (metrics.csv); never yet: the first interval saves
+        # (perf_counter counts from an arbitrary point, on Linux the boot: 0.0 would wait out its first hour)
+        self._saved_at = -math.inf
 
     def _record_step(self, loss: Tensor, value: float, tokens: int, loss_is_nll: bool) -> None:
         """Write one training step's metrics: train/loss at every step, and perplexity (when the loss is the exact

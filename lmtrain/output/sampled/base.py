@@ -12,7 +12,7 @@ from lmtrain.common.constants import with_ones_column
 from lmtrain.output.base import OutputLayer, changed_rows, initial_bias
 from lmtrain.output.logsumexp import chunked_logsumexp
 from lmtrain.output.rows import gather_rows
-from lmtrain.output.sampled.estimators import draw_negatives
+from lmtrain.output.sampled.estimators import draw_negative_ids, draw_negatives
 from lmtrain.output.sampled.options import BiasOptions, SampledOptions
 from lmtrain.sampler.base import Sampler
 from lmtrain.sampler.proposal import Proposal
@@ -35,6 +35,7 @@ class Draw(NamedTuple):
     target_score: Tensor  # (N, 1)
     noise_score: Tensor  # (N, m)
     scores: Tensor | None = None  # (N, 1 + m), target first, where both came from one product (the GPU paths)
+    joint_log_q: Tensor | None = None  # (N, 1 + m), target first, where both came from one lookup (the GPU paths)
 
 
 class SampledOutput(OutputLayer):
@@ -180,11 +181,24 @@ class SampledOutput(OutputLayer):
         query = self.query(hidden)  # (N, d')
         proposal = self.propose(query, inputs)
         proposal.expect(target.unsqueeze(1))  # the targets' log q may come with the draws' (target_log_q)
+        if self.gpu_paths and proposal.log_q_by_lookup and (proposal.per_example or not self.shared_negatives):
+            return self.joint_draw(query, proposal, target)
         ids, log_q, tries = self.draw(hidden, inputs, proposal)
         if self.gpu_paths:
             return Draw(query, proposal, ids, log_q, tries, *self.joint_scores(query, target, ids))
         target_score, noise_score = self.query_scores(query, target.unsqueeze(1)), self.query_scores(query, ids)
         return Draw(query, proposal, ids, log_q, tries, target_score, noise_score)
+
+    def joint_draw(self, query: Tensor, proposal: Proposal, target: Tensor) -> Draw:
+        """The GPU paths' per-position draw from a proposal whose log q is a lookup: the ids alone, then the targets'
+        and the negatives' rows and log q each from one gather of the joined ids (N, 1 + m), the targets first (one
+        lookup where the draw's and the targets' took one each). Per position only, so never ``unique`` draws."""
+        ids = draw_negative_ids(proposal, self.options.num_samples, query.shape[0])  # (N, m)
+        joint = torch.cat([target.unsqueeze(1), ids], dim=1)  # (N, 1 + m)
+        log_q = proposal.log_q(joint)  # (N, 1 + m)
+        proposal.remember(log_q[:, :1])  # the targets' (N, 1), for target_log_q
+        scores = self.query_scores(query, joint)  # (N, 1 + m)
+        return Draw(query, proposal, ids, log_q[:, 1:], None, scores[:, :1], scores[:, 1:], scores, log_q)
 
     def joint_scores(self, query: Tensor, target: Tensor, ids: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
         """The GPU paths' scores of the targets (N, 1) and the negatives (N, m); per position from one gather of

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lmtrain.common.constants import with_column
+from lmtrain.common.constants import constant, with_column
 from lmtrain.output.sampled.options import CosineOptions
 from lmtrain.output.sampled.softmax import SampledSoftmax
 
@@ -68,10 +68,12 @@ class CosineSampledSoftmax(SampledSoftmax):
             unit = self.unit(query)
         dots = super().score(unit, rows)  # (N, k)
         norms = rows.norm(dim=-1)  # (k,) or (N, k)
-        # the GPU paths add the clamp's floor instead: the same value for any row of norm above 1e-5 in float32, and
-        # an addition's gradient passes as it is where a clamp's takes 3 operators
-        norms = norms + 1e-12 if self.gpu_paths else norms.clamp_min(1e-12)
-        return tau * dots / norms
+        if self.gpu_paths:  # the clamp's floor added (the same value for any row of norm above 1e-5 in float32; an
+            # addition's gradient passes as it is where a clamp's takes 3 operators), and tau with it, in one operator:
+            # dots / ((|w| + 1e-12) / tau)
+            floor = constant(1e-12 / tau, norms.device, norms.dtype).expand_as(norms)
+            return dots / torch.add(floor, norms, alpha=1 / tau)
+        return tau * dots / norms.clamp_min(1e-12)
 
     def joint_scores(self, query: Tensor, target: Tensor, ids: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
         """The GPU paths' scores of the targets (N, 1) and of shared negatives (m,) -> (N, m), for at most

@@ -105,6 +105,13 @@ def draw_negatives(proposal: Proposal, num_samples: int, positions: int, shared:
     return ids.view(positions, -1), log_q.view(positions, -1)  # (N, m) each
 
 
+def draw_negative_ids(proposal: Proposal, num_samples: int, positions: int) -> Tensor:
+    """``draw_negatives``' per-position ids alone, (N, m): the same draws, without their log q."""
+    if proposal.per_example:
+        return proposal.sample_ids(num_samples)
+    return proposal.sample_ids(positions * num_samples).view(positions, -1)  # (N, m) from one proposal
+
+
 def draw_unique(proposal: Proposal, num_samples: int) -> tuple[Tensor, Tensor, Tensor]:
     """Draw from a shared proposal (context-free, or the batch's) until ``num_samples`` distinct ids are seen.
 

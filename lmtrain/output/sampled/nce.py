@@ -52,7 +52,7 @@ class NCE(SampledOutput):
         where the scores came from one product), equal up to float rounding."""
         offset = noise_offset(self.options.num_samples, self.log_z)  # ln k + ln Z
         if d.scores is not None:
-            log_q = torch.cat([log_q_target, d.log_q], dim=1)  # (N, 1 + m)
+            log_q = d.joint_log_q if d.joint_log_q is not None else torch.cat([log_q_target, d.log_q], dim=1)
             return joint_logistic_nll(noise_contrast_logits(d.scores, log_q, offset)).mean()  # Δ_t, Δ_{s_j} joint
         target_logit = noise_contrast_logits(d.target_score, log_q_target, offset)  # Δ_t (N, 1)
         return logistic_nll(target_logit, noise_contrast_logits(d.noise_score, d.log_q, offset)).mean()
