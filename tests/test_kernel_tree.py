@@ -21,9 +21,11 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 # dense_factor 0 forces per-walker gathers everywhere, a huge one forces one GEMM per level; "gpu" takes the GPU
 # paths (execution=gpu: FixedWalk with its top levels scored whole, FixedUpdate), with the top of a small tree
-# scored whole and its last levels walked; "gpu_whole" with the defaults, which score a small tree whole
-PATHS = {"gather": 0, "dense": 10**9, "auto": 64, "gpu": 0, "gpu_dense": 10**9, "gpu_whole": 0}
-GPU_WALKED_LEVELS = 2  # the tests' trees have 3-6 levels: 2 walked, the rest scored whole by top_reach
+# scored whole and its last levels drawn in gathered stages (two levels: one stage; three: one stage of three; four:
+# two stages of two); "gpu_whole" with the defaults, which score a small tree whole (per position the last levels a
+# stage read from the product, one query draws its buckets from the reach)
+PATHS = {"gather": 0, "dense": 10**9, "auto": 64, "gpu": 0, "gpu_three": 0, "gpu_deep": 0, "gpu_whole": 0}
+GPU_WALKED_LEVELS = {"gpu": 2, "gpu_three": 3, "gpu_deep": 4}  # of the tests' trees of 3-6 levels; the rest scored
 
 
 # the feature cache of each kind of tree (default auto: full precision for rff, none for quadratic)
@@ -46,8 +48,8 @@ def make_tree(
     if path.startswith("gpu"):
         tree.use_gpu_paths(True)
         if path != "gpu_whole":  # one query (a mixture's psi) walks too: no tree scored whole for it
-            tree.fixed.walk.walked, tree.fixed.walk.scored, tree.fixed.walk.single_reads = GPU_WALKED_LEVELS, 0, 0
-            tree.fixed.walk.dense_factor = PATHS[path]  # its walked levels gathered ("gpu") or scored whole
+            walked = GPU_WALKED_LEVELS[path]
+            tree.fixed.walk.walked, tree.fixed.walk.scored, tree.fixed.walk.single_reads = walked, 0, 0
     tree.rebuild(weight)
     return tree
 

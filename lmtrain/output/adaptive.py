@@ -102,6 +102,8 @@ class AdaptiveSoftmax(OutputLayer):
         self.asm = nn.AdaptiveLogSoftmaxWithLoss(dim, num_classes, cutoffs, div_value=div_value, head_bias=head_bias)
         # every word's targets, for the GPU paths (one lookup a step); not saved: checkpoints are the same on both paths
         self.register_buffer("columns", target_columns(num_classes, cutoffs), persistent=False)  # (1 + K, n)
+        # the widths of the stacked first product's outputs: the head's logits, then each tail's projection
+        self.first_sizes = [self.asm.head_size, *(tail[0].out_features for tail in self.asm.tail)]
 
     def log_prob(self, hidden: Tensor, target: Tensor) -> Tensor:
         return self.asm(hidden, target).output  # (N,) exact log p(target | hidden)
@@ -117,23 +119,27 @@ class AdaptiveSoftmax(OutputLayer):
     def fixed_shape_nll(self, hidden: Tensor, target: Tensor) -> Tensor:
         """(N, d), (N,) -> the mean of -log p(target | hidden) with shapes that do not depend on the targets (no host
         sync): the head's cross entropy at the target's head column (the word, or its cluster's column), plus each
-        tail cluster's at the target's column in it, positions outside the cluster ignored (they add 0)."""
+        tail cluster's at the target's column in it, positions outside the cluster ignored (they add 0). The head's
+        logits and every tail's projection come from one product with their weights stacked (one GEMM and, in the
+        backward pass, one for the hidden state's gradient, where there were one per cluster and their sum)."""
         asm = self.asm
         columns = self.columns[:, target]  # (1 + K, N): head column, then the column in each tail (or IGNORED)
-        total = F.cross_entropy(asm.head(hidden), columns[0], reduction="sum")
+        stacked = torch.cat([asm.head.weight, *(tail[0].weight for tail in asm.tail)])  # (head + sum p_k, d)
+        head, *projected = (hidden @ stacked.T).split(self.first_sizes, 1)  # (N, head), (N, p_k) each
+        head = head if asm.head.bias is None else head + asm.head.bias
+        total = F.cross_entropy(head, columns[0], reduction="sum")
         for k, tail in enumerate(asm.tail):
-            total = total + self.tail_nll(tail, hidden, columns[k + 1])
+            total = total + self.tail_nll(tail[1].weight, projected[k], columns[k + 1])
         return total / hidden.shape[0]
 
-    def tail_nll(self, tail: nn.Module, hidden: Tensor, local: Tensor) -> Tensor:
-        """The sum over the positions in one tail cluster of -log p(local | cluster), ``local`` (N,) IGNORED at the
-        others: all N positions scored, dense, or in vocabulary chunks when large."""
-        projected = tail[0](hidden)  # (N, d / div_value^k)
-        words = tail[1].weight  # (cluster size, d / div_value^k)
-        budget = logits_budget_mib(self.logits_mib, self.gpu_logits_fraction, hidden.device)
-        chunk = fitting_chunk(budget, hidden.shape[0])
+    def tail_nll(self, words: Tensor, projected: Tensor, local: Tensor) -> Tensor:
+        """The sum over the positions in one tail cluster of -log p(local | cluster), from the positions' projections
+        (N, d / div_value^k) and the cluster's word vectors ``words`` (cluster size, d / div_value^k); ``local``
+        (N,) IGNORED at the others: all N positions scored, dense, or in vocabulary chunks when large."""
+        budget = logits_budget_mib(self.logits_mib, self.gpu_logits_fraction, projected.device)
+        chunk = fitting_chunk(budget, projected.shape[0])
         if chunk >= words.shape[0]:
-            return F.cross_entropy(tail[1](projected), local, reduction="sum")  # IGNORED is cross entropy's default
+            return F.cross_entropy(projected @ words.T, local, reduction="sum")  # IGNORED: cross entropy's default
         outside = local == IGNORED  # (N,)
         nll = chunked_softmax_nll(projected, words, None, local.clamp(min=0), chunk)  # torch's tails have no biases
         return nll.masked_fill(outside, 0.0).sum()

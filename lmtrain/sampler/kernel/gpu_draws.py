@@ -9,29 +9,29 @@ from torch import Tensor
 
 from lmtrain.sampler.kernel.buckets import BucketScorer
 from lmtrain.sampler.kernel.features import FeatureMap
-from lmtrain.sampler.kernel.fixed_walk import FixedWalk
+from lmtrain.sampler.kernel.fixed_walk import FixedWalk, Reach
 from lmtrain.sampler.kernel.store import TreeStore
 
 
 class FixedStep(NamedTuple):
     """What a step's draws and log q share, computed once per step: the queries' features phi (N, F), their reach
-    of the top levels (``FixedWalk.top_reach``, (N, 2^t)) and, per example, the queries as the kernel reads them
+    of the top levels (``FixedWalk.top_reach``, a ``Reach``) and, per example, the queries as the kernel reads them
     (``prepare``)."""
 
     phi: Tensor
-    top: Tensor
+    top: Reach
     prepared: Tensor | None = None
 
 
 class FixedDraws:
     """``KernelTree``'s per-example and batch-shared draws and log q in a fixed number of operators: the descent
-    of ``FixedWalk`` (top levels scored whole, the last levels walked), in-bucket scores for every walker's bucket
-    (no deduplication, no per-step table), and path probabilities from the same top reach. ``top`` is a step's
+    of ``FixedWalk`` (top levels scored whole, the last ones drawn in stages), in-bucket scores for every walker's
+    bucket (no deduplication, no per-step table), and path probabilities from the same top reach. ``top`` is a step's
     ``FixedStep`` (None: computed here)."""
 
     def __init__(self, store: TreeStore, scorer: BucketScorer) -> None:
         self.store, self.scorer = store, scorer
-        self.walk = FixedWalk(store, scorer.walk)
+        self.walk = FixedWalk(store)
 
     def step(self, phi: Tensor, prepared: Tensor | None = None) -> FixedStep:
         """The ``FixedStep`` of queries phi (N, F) (and their ``prepared`` form, per example)."""
