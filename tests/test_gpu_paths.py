@@ -25,11 +25,14 @@ def sampler(kind: str, shared: bool, n: int = 300, d: int = 6, device: str = "cp
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("walked", [1, 2, 3, 4, 0])
 @pytest.mark.parametrize("shared", [False, True, "whole"])
 @pytest.mark.parametrize("kind", ["rff", "quadratic"])
-def test_gpu_paths_give_the_cpu_paths_log_q_and_keep_the_targets(kind, shared, device):
-    """Per position, and batch-shared with psi walking the last levels or (``whole``) scoring the whole tree; on a
-    GPU too, where the walked levels with known targets once failed (a bitwise op into a float tensor)."""
+def test_gpu_paths_give_the_cpu_paths_log_q_and_keep_the_targets(kind, shared, walked, device):
+    """Per position, and batch-shared with psi walking the last levels or (``whole``) scoring the whole tree; the
+    last ``walked`` levels drawn in gathered stages (1 to 3: one stage of as many levels; 4: two of two), or none
+    (0: a tree scored whole, per position a stage read from the product). On a GPU too, where the walked levels
+    with known targets once failed (a bitwise op into a float tensor)."""
     made = sampler(kind, bool(shared), device=device)
     gen = torch.Generator().manual_seed(1)
     query = torch.randn(5, 6, generator=gen).to(device)
@@ -39,10 +42,11 @@ def test_gpu_paths_give_the_cpu_paths_log_q_and_keep_the_targets(kind, shared, d
     expected_targets, expected_others = cpu.log_q(targets), cpu.log_q(others)
 
     set_execution(made, Execution.gpu)
-    walk = made.tree.fixed.walk
-    walk.walked, walk.scored = 2, 0  # a tree of 6 levels: 4 scored whole, 2 walked
+    walk, depth = made.tree.fixed.walk, made.tree.depth
+    walk.walked, walk.scored = walked, 0  # a tree of 7 levels: the last ``walked`` drawn in gathered stages
     walk.single_reads = walk.single_reads if shared == "whole" else 0  # one query: every level scored at once
-    assert (walk.top(1) == made.tree.depth) == (shared == "whole") and walk.top(5) == made.tree.depth - 2
+    assert (walk.top(1) == depth) == (shared == "whole" or not walked)
+    assert walk.top(5) == depth - (walked or 3)  # a tree scored whole: its last 3 levels a stage of the product's
     gpu = made.propose(query)
     torch.testing.assert_close(gpu.log_q(others), expected_others, rtol=1e-5, atol=1e-5)
     gpu.expect(targets)
