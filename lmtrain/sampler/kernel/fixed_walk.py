@@ -218,9 +218,10 @@ class FixedWalk:
         (S,) that give their columns in ``Reach.scores`` as (p << shift) + offset (column = 1-based heap index - 2)."""
         key = ("subtree", level, size, device)
         if key not in self._tables:
-            depth = torch.cat([torch.full((1 << d,), d) for d in range(1, size + 1)])  # (S,) relative level
-            index = torch.cat([torch.arange(1 << d) for d in range(1, size + 1)])  # (S,) index within it
-            self._tables[key] = torch.stack([depth, ((1 << level) << depth) + index - 2]).to(device)
+            levels = range(1, size + 1)  # made on the device: no copy from the host
+            depth = torch.cat([torch.full((1 << d,), d, device=device) for d in levels])  # (S,) relative level
+            index = torch.cat([torch.arange(1 << d, device=device) for d in levels])  # (S,) index within it
+            self._tables[key] = torch.stack([depth, ((1 << level) << depth) + index - 2])
         shifts, offsets = self._tables[key]
         return shifts, offsets
 
