@@ -140,7 +140,7 @@ class FixedWalk:
             starts.insert(0, torch.searchsorted(cdf, target))  # (N, k)
         pos = torch.cat(starts, 1) if len(starts) > 1 else starts[0]  # (N, k + j)
         log_path = reach.log_reach.gather(1, pos)  # (N, k + j)
-        for size in self.stages(self.store.depth - level):
+        for size in self.stages(steps):
             bits = None if known is None else self._bits(known, self.store.depth - level - size, size)
             pos, log_stage = self._stage(phi, pos, level, size, k, bits, reach.scores)
             log_path, level = log_path + log_stage, level + size
@@ -207,10 +207,10 @@ class FixedWalk:
         # a node's score is the sum of its children's (its node sum is theirs); its floor is eps unless it is empty,
         # and so is its leftmost leaf's (the empty buckets are the last ones)
         clamped = raw.new_empty(n_query, walkers, 2 * width - 2)
-        for depth in range(size, 0, -1):  # the stage's levels, bottom up: columns 2^d - 2 .. 2^(d + 1) - 3
-            if depth < size:
+        for d in range(size, 0, -1):  # the stage's levels, bottom up: columns 2^d - 2 .. 2^(d + 1) - 3
+            if d < size:
                 raw = raw.view(n_query, walkers, -1, 2).sum(3)  # (N, K, 2^d)
-            torch.maximum(raw, floor[..., :: 1 << size - depth], out=clamped[..., (1 << depth) - 2 : (2 << depth) - 2])
+            torch.maximum(raw, floor[..., :: 1 << size - d], out=clamped[..., (1 << d) - 2 : (2 << d) - 2])
         return clamped
 
     def _subtree(self, level: int, size: int, device: torch.device) -> tuple[Tensor, Tensor]:
@@ -219,9 +219,9 @@ class FixedWalk:
         key = ("subtree", level, size, device)
         if key not in self._tables:
             levels = range(1, size + 1)  # made on the device: no copy from the host
-            depth = torch.cat([torch.full((1 << d,), d, device=device) for d in levels])  # (S,) relative level
+            relative = torch.cat([torch.full((1 << d,), d, device=device) for d in levels])  # (S,) level under p
             index = torch.cat([torch.arange(1 << d, device=device) for d in levels])  # (S,) index within it
-            self._tables[key] = torch.stack([depth, ((1 << level) << depth) + index - 2])
+            self._tables[key] = torch.stack([relative, ((1 << level) << relative) + index - 2])
         shifts, offsets = self._tables[key]
         return shifts, offsets
 
