@@ -289,12 +289,15 @@ def test_bfloat16_projection_is_close_to_the_float32_features():
 
 @pytest.mark.parametrize("kind", ["quadratic", "rff", "rff_nocache", "rff_bf16cache"])
 @pytest.mark.parametrize("many", [False, True])
-def test_gpu_path_updates_match_a_rebuild_with_repeated_rows(kind, many):
+@pytest.mark.parametrize("leaf_size", [4, 256])
+def test_gpu_path_updates_match_a_rebuild_with_repeated_rows(kind, many, leaf_size):
     """FixedUpdate (execution=gpu): repeated rows count once, and the tree equals a rebuild after 100 rounds.
-    ``many``: a step names more rows than there are classes (every row goes through, unchanged ones masked)."""
+    ``many``: a step names more rows than there are classes (every row goes through, unchanged ones masked).
+    ``leaf_size`` 256: a tree of one leaf, the root, which has no parent to take the repeats' deltas."""
     n, d = 203, 7
     weight = augmented(n, d, seed=7)
-    tree = make_tree(kind, weight, path="gpu", leaf_size=4, chunk=1 << 22)
+    tree = make_tree(kind, weight, path="gpu", leaf_size=leaf_size, chunk=1 << 22)
+    assert (tree.store.num_buckets == 1) == (leaf_size > n)
     gen = torch.Generator().manual_seed(8)
     scale = tree.nodes.abs().max()
     errors = []

@@ -104,6 +104,7 @@ class AdaptiveSoftmax(OutputLayer):
         self.register_buffer("columns", target_columns(num_classes, cutoffs), persistent=False)  # (1 + K, n)
         # the widths of the stacked first product's outputs: the head's logits, then each tail's projection
         self.first_sizes = [self.asm.head_size, *(tail[0].out_features for tail in self.asm.tail)]
+        self._weights: dict[tuple, Tensor] = {}  # uniform_weight's tensors (a few: one per cluster and window shape)
 
     def log_prob(self, hidden: Tensor, target: Tensor) -> Tensor:
         return self.asm(hidden, target).output  # (N,) exact log p(target | hidden)
@@ -121,28 +122,40 @@ class AdaptiveSoftmax(OutputLayer):
         sync): the head's cross entropy at the target's head column (the word, or its cluster's column), plus each
         tail cluster's at the target's column in it, positions outside the cluster ignored (they add 0). The head's
         logits and every tail's projection come from one product with their weights stacked (one GEMM and, in the
-        backward pass, one for the hidden state's gradient, where there were one per cluster and their sum)."""
+        backward pass, one for the hidden state's gradient, where there were one per cluster and their sum). Each
+        term comes divided by N already (the head's mean; each tail's targets weighted 1 / N), so no division
+        follows the sum: one operator fewer each way."""
         asm = self.asm
         columns = self.columns[:, target]  # (1 + K, N): head column, then the column in each tail (or IGNORED)
         stacked = torch.cat([asm.head.weight, *(tail[0].weight for tail in asm.tail)])  # (head + sum p_k, d)
         head, *projected = (hidden @ stacked.T).split(self.first_sizes, 1)  # (N, head), (N, p_k) each
         head = head if asm.head.bias is None else head + asm.head.bias
-        total = F.cross_entropy(head, columns[0], reduction="sum")
+        total = F.cross_entropy(head, columns[0])  # the mean over all N positions
         for k, tail in enumerate(asm.tail):
             total = total + self.tail_nll(tail[1].weight, projected[k], columns[k + 1])
-        return total / hidden.shape[0]
+        return total
 
     def tail_nll(self, words: Tensor, projected: Tensor, local: Tensor) -> Tensor:
-        """The sum over the positions in one tail cluster of -log p(local | cluster), from the positions' projections
-        (N, d / div_value^k) and the cluster's word vectors ``words`` (cluster size, d / div_value^k); ``local``
-        (N,) IGNORED at the others: all N positions scored, dense, or in vocabulary chunks when large."""
+        """The sum over the positions in one tail cluster of -log p(local | cluster), divided by all N positions,
+        from the positions' projections (N, d / div_value^k) and the cluster's word vectors ``words`` (cluster size,
+        d / div_value^k); ``local`` (N,) IGNORED at the others: all N positions scored, dense, or in vocabulary
+        chunks when large."""
         budget = logits_budget_mib(self.logits_mib, self.gpu_logits_fraction, projected.device)
         chunk = fitting_chunk(budget, projected.shape[0])
-        if chunk >= words.shape[0]:
-            return F.cross_entropy(projected @ words.T, local, reduction="sum")  # IGNORED: cross entropy's default
+        if chunk >= words.shape[0]:  # IGNORED: cross entropy's default; a 1 / N weight on every word of the cluster
+            weight = self.uniform_weight(words.shape[0], projected.shape[0], projected)
+            return F.cross_entropy(projected @ words.T, local, weight=weight, reduction="sum")
         outside = local == IGNORED  # (N,)
         nll = chunked_softmax_nll(projected, words, None, local.clamp(min=0), chunk)  # torch's tails have no biases
-        return nll.masked_fill(outside, 0.0).sum()
+        return nll.masked_fill(outside, 0.0).mean()
+
+    def uniform_weight(self, size: int, n_positions: int, like: Tensor) -> Tensor:
+        """(size,) filled with 1 / ``n_positions`` in ``like``'s dtype and device, made once per shape (a step's
+        shapes repeat): a class weight that costs no operator a step."""
+        key = (size, n_positions, like.dtype, like.device)
+        if key not in self._weights:
+            self._weights[key] = torch.full((size,), 1.0 / n_positions, dtype=like.dtype, device=like.device)
+        return self._weights[key]
 
     def log_probs_all(self, hidden: Tensor) -> Tensor:
         return self.asm.log_prob(hidden)

@@ -31,8 +31,8 @@ class FeatureMap(nn.Module):
         """(..., d) -> (..., d) vectors on which the kernel is a function of the dot product."""
         return x
 
-    def of_prepared(self, prepared: Tensor) -> Tensor:  # the same features, fewer operators
-        return self(prepared)
+    def of_prepared(self, prepared: Tensor, dtype: torch.dtype | None = None) -> Tensor:  # in dtype (None: theirs)
+        return self(prepared).to(dtype or prepared.dtype)  # the same features, fewer operators
 
     def log_kernel_dot(self, dot: Tensor) -> Tensor:
         """log K(a, b) from the dot product of prepared a and b (any shape, elementwise)."""
@@ -60,9 +60,8 @@ class FeatureMap(nn.Module):
         """sum_i weights_i phi(x_i) for raw vectors x (N, d) and weights (N,) -> (F,)."""
         return weights @ self(x)
 
-    def sum_elements(self, bucket_size: int, in_features: int) -> int:
-        """Temporary tensor elements ``node_sums`` needs per bucket (for memory-bounded chunks)."""
-        return bucket_size * self.out_features(in_features)
+    def sum_elements(self, bucket_size: int, in_features: int) -> int:  # for memory-bounded chunks
+        return bucket_size * self.out_features(in_features)  # temporary elements ``node_sums`` needs per bucket
 
     def mixture(self, x: Tensor, root: Tensor, floor: Tensor) -> Tensor:
         """sum_i c_i phi(x_i) with c_i ∝ 1 / max(<phi(x_i), root>, floor), sum_i c_i = 1 (``KernelTree.mixture``):
@@ -219,17 +218,18 @@ class RandomFourierFeatures(FeatureMap):
             return (unit.bfloat16() @ omega.bfloat16().T).to(x.dtype)
         return unit @ omega.to(x.dtype).T
 
-    def of_prepared(self, prepared: Tensor) -> Tensor:
-        return self.forward(prepared, prepared=True)
+    def of_prepared(self, prepared: Tensor, dtype: torch.dtype | None = None) -> Tensor:
+        return self.forward(prepared, prepared=True, dtype=dtype)
 
-    def forward(self, x: Tensor, prepared: bool = False) -> Tensor:
+    def forward(self, x: Tensor, prepared: bool = False, dtype: torch.dtype | None = None) -> Tensor:
         proj = self.project(x, prepared)  # (..., D)
-        # cos and sin written in place, then one in-place scale: fewer passes over the (..., 2D) output (and no
-        # temporaries) than cat + divide, which matters on big inputs (docs/architecture.md, measured design choices)
+        # cos and sin written in place, then one scale in place or into ``dtype`` (one pass, not a scale and a cast):
+        # fewer passes over the (..., 2D) output than cat + divide (docs/architecture.md, measured design choices)
         out = proj.new_empty(*proj.shape[:-1], 2 * self.num_frequencies)
         torch.cos(proj, out=out[..., : self.num_frequencies])
         torch.sin(proj, out=out[..., self.num_frequencies :])
-        return out.mul_(1 / math.sqrt(self.num_frequencies))
+        scale, cast = 1 / math.sqrt(self.num_frequencies), dtype not in (None, out.dtype)
+        return torch.mul(out, scale, out=out.new_empty(out.shape, dtype=dtype)) if cast else out.mul_(scale)
 
     def node_sums(self, rows: Tensor, valid: Tensor) -> Tensor:
         proj = self.project(rows)  # (c, L, D)

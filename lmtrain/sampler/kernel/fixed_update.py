@@ -4,9 +4,10 @@
 updates and re-sums only the changed ancestors: every one of those sizes depends on the data, a host sync on a GPU.
 Here every shape is known before the step:
 
-- with a feature cache (RFF's default), every changed row enters its bucket as phi(new) - cached phi(old), with
-  repeated rows masked (sorted, first occurrence kept) instead of removed; when a step names at least n rows, all n
-  rows go through with the unchanged ones masked, which is cheaper than the duplicates;
+- with a feature cache (RFF's default), every changed row enters its bucket as phi(new) - cached phi(old); the
+  repeats of a row (found by sorting) add theirs to the leaf's parent instead, which the re-sum below rewrites, so
+  they are not removed; when a step names at least n rows, all n rows go through with the unchanged ones masked,
+  which is cheaper than the duplicates;
 - float drift is bounded as on the CPU path (a bucket is recomputed from the cache after at most ``refresh``
   updates), by recomputing every leaf from the cache at every ``refresh``-th update (n F reads, once in a while);
 - without a cache (quadratic), every leaf is recomputed from the weights: one batched product per block, exact;
@@ -42,6 +43,7 @@ class FixedUpdate:
         self._descendants: dict[tuple[int, torch.device, torch.dtype], Tensor] = {}
         self._leaves: dict[tuple[int, int, int, torch.device], Tensor] = {}  # the last ``leaf_of_every_class``
         self._buckets: dict[tuple[int, torch.device], Tensor] = {}  # the last ``every_bucket``
+        self._parents: dict[tuple, Tensor] = {}  # the last ``leaf_and_parent``
         self._members: dict[tuple[int, int, int, torch.device], tuple[Tensor, Tensor]] = {}  # ``set_every_leaf``'s
 
     def update(self, weight: Tensor, rows: Tensor) -> None:
@@ -85,6 +87,15 @@ class FixedUpdate:
                 matrix = torch.sparse_coo_tensor(where, ones, ((1 << level) - 1, 1 << level)).coalesce()
                 self._descendants[key] = matrix.to_sparse_csr().to(like.device)
         return self._descendants[key]
+
+    def leaf_and_parent(self) -> Tensor:
+        """(n, 2) the heap index of every class's leaf and of its parent (a tree of two leaves or more), made once
+        per tree shape and device."""
+        leaf = self.leaf_of_every_class()
+        key = (leaf.shape[0], self.store.num_buckets, leaf.device)
+        if key not in self._parents:
+            self._parents = {key: torch.stack([leaf, torch.div(leaf - 1, 2, rounding_mode="floor")], 1)}
+        return self._parents[key]
 
     def leaf_of_every_class(self) -> Tensor:
         """(n,) the heap index of every class's leaf, made once per tree shape and device."""
@@ -131,7 +142,7 @@ class FixedUpdate:
         if rows.numel() >= n:  # every row once, the unchanged ones masked (their cached phi is kept as it is)
             counted = torch.zeros(n, dtype=torch.bool, device=rows.device).index_fill_(0, rows, True)  # (n,)
             prepared = store.features.prepare(weight)  # (n, d)
-            new = store.features.of_prepared(prepared).to(cache.table.dtype)  # (n, F) as the cache stores it
+            new = store.features.of_prepared(prepared, cache.table.dtype)  # (n, F) as the cache stores it
             cache.keep_prepared(None, prepared)
             old = cache.table[:n]  # (n, F): what the tree's sums hold
             new = torch.where(counted.unsqueeze(1), new, old)  # unchanged rows keep their cached features
@@ -142,11 +153,14 @@ class FixedUpdate:
         counted = torch.ones_like(rows, dtype=torch.bool)
         torch.ne(rows[1:], rows[:-1], out=counted[1:])
         prepared = store.features.prepare(weight.index_select(0, rows))  # (R, d)
-        new = store.features.of_prepared(prepared).to(cache.table.dtype)  # (R, F) as the cache stores it
+        new = store.features.of_prepared(prepared, cache.table.dtype)  # (R, F) as the cache stores it
         cache.keep_prepared(rows, prepared)  # repeats of a row write the same values
         old = cache.table.index_select(0, rows)  # (R, F): what the tree's sums hold for these rows
         # old (the cache's dtype) is promoted to the nodes' inside the subtraction: a cast's values, one operator fewer
-        delta = torch.sub(new.to(store.nodes.dtype), old) * counted.unsqueeze(1)  # (R, F) in the nodes' dtype
-        bucket = torch.div(rows, store.bucket_size, rounding_mode="floor")  # (R,)
-        store.nodes[store.num_buckets - 1 :].index_add_(0, bucket, delta)  # the leaves
+        delta = torch.sub(new.to(store.nodes.dtype), old)  # (R, F) in the nodes' dtype
+        if store.num_buckets > 1:  # a row's first occurrence adds to its leaf, a repeat to the leaf's parent, which
+            leaf, parent = self.leaf_and_parent().index_select(0, rows).unbind(1)  # ``resum`` rewrites next: (R,) each
+            store.nodes.index_add_(0, torch.where(counted, leaf, parent), delta)  # no pass over delta to mask them
+        else:  # the one leaf is the root: the repeats' deltas masked
+            store.nodes.index_add_(0, torch.zeros_like(rows), delta * counted.unsqueeze(1))
         cache.table.index_copy_(0, rows, new)  # repeats of a row write the same values

@@ -5,10 +5,10 @@ step's operator count grows with log n and with the batch. Here the top levels a
 once and each walker draws its last levels in one stage:
 
 1. ``top_reach``: one product of the queries with every node of levels 1..T (T = max(depth - ``WALKED_LEVELS``,
-   min(depth, ``SCORED_LEVELS``)), less where its temporaries would pass the memory budget: a tree of up to
+   min(depth, ``SCORED_LEVELS``)), less where its scores would pass the memory budget: a tree of up to
    2^SCORED_LEVELS buckets is scored whole) gives each node's clamped score, hence every branch probability of
    those levels. The log-probability of reaching each node of level t is the sum of its ancestors' branch
-   log-probabilities (one gather through a fixed ancestor table, one sum): the walk's own probability of arriving
+   log-probabilities (one sparse product with a fixed 0/1 ancestor matrix): the walk's own probability of arriving
    there, not an approximation. t = T where the tree is deeper than T; where it is scored whole, t = depth -
    ``STAGE_LEVELS`` (the last levels are drawn in a stage, as in a deeper tree, so the operators are nearly the same
    at every depth). One
@@ -29,6 +29,7 @@ whole the stage reads nothing new; a gathered stage of two levels reads as many 
 
 from __future__ import annotations
 
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -49,6 +50,9 @@ STAGE_LEVELS = 3
 # the largest level below that. A tree of up to 2^15 buckets (10^5 RFF classes, 10^6 quadratic ones) is scored whole.
 # An estimate from those rates, not yet timed
 SCORED_LEVELS = 15
+# the log-probability of a branch of probability 0 (an empty node's): finite, so that no product meets -inf (one that
+# multiplied its zeros too would make NaN of it); its exp, and that of a path's sum of them, is 0, as -inf's
+NEVER = -1e30
 
 
 class Reach(NamedTuple):
@@ -81,12 +85,12 @@ class FixedWalk:
 
     def scored_level(self, n_query: int) -> int:
         """T: the deepest level ``top_reach``'s product scores for ``n_query`` queries (see the module docstring);
-        below ``scored`` where the reach's temporaries (N x 2^T x T) would pass the GPU paths' memory budget."""
+        below ``scored`` where its scores (N x 2^(T+1) values) would pass the GPU paths' memory budget."""
         depth = self.store.depth
         if n_query == 1 and ((2 << depth) - 2) * self.store.nodes.shape[1] <= self.single_reads:
             return depth
         level = max(0, depth - self.walked, min(depth, self.scored))
-        while level > max(0, depth - self.walked) and n_query * (level << level) > GPU_BLOCK_ELEMENTS:
+        while level > max(0, depth - self.walked) and n_query * (2 << level) > GPU_BLOCK_ELEMENTS:
             level -= 1
         return level
 
@@ -109,19 +113,25 @@ class FixedWalk:
         if level == 0:
             return Reach(phi.new_zeros(n_query, 1), table)
         pairs = s[:, : (2 << level) - 2].view(n_query, -1, 2)  # (N, 2^t - 1, 2) levels 1..t
-        branch = (pairs / pairs.sum(2, keepdim=True)).log().nan_to_num(nan=float("-inf"))  # empty pairs: 0 / 0
-        ancestors = self.ancestors(level, phi.device)  # (2^t, t)
-        log_reach = branch.flatten(1).index_select(1, ancestors.flatten()).view(n_query, -1, level).sum(2)
-        return Reach(log_reach, table)  # log_reach: (N, 2^t)
+        branch = (pairs / pairs.sum(2, keepdim=True)).log().nan_to_num(nan=NEVER, neginf=NEVER)  # empty pairs: 0 / 0
+        log_reach = torch.mm(self.ancestors(level, branch), branch.flatten(1).T).T  # (N, 2^t): sums over each path
+        return Reach(log_reach, table)
 
-    def ancestors(self, level: int, device: torch.device) -> Tensor:
-        """For every node of ``level`` (2^level of them), the columns of its ancestors at levels 1..level in the
-        table of branch log-probabilities (heap index - 1): (2^level, level)."""
-        key = ("ancestors", level, device)
+    def ancestors(self, level: int, like: Tensor) -> Tensor:
+        """The sparse CSR matrix (2^level, 2^(level+1) - 2) of ones, of ``like``'s dtype and device, where row r (a
+        node of ``level``) meets the columns of its ancestors on levels 1..level, itself included, in the table of
+        branch log-probabilities (heap index - 1); made once per level, dtype and device."""
+        key = ("ancestors", level, like.dtype, like.device)
         if key not in self._tables:
-            heap = torch.arange(1 << level, device=device) + (1 << level)  # 1-based heap index of each node
-            shifts = torch.arange(level - 1, -1, -1, device=device)  # (level,): from level 1 down to ``level``
-            self._tables[key] = (heap.unsqueeze(1) >> shifts) - 2  # 1-based ancestor - 1 (root's child = 0)
+            heap = torch.arange(1 << level, device=like.device) + (1 << level)  # 1-based heap index of each node
+            shifts = torch.arange(level - 1, -1, -1, device=like.device)  # (level,): from level 1 down to ``level``
+            columns = ((heap.unsqueeze(1) >> shifts) - 2).flatten()  # (2^level level,) ascending in each row
+            starts = torch.arange(0, columns.numel() + 1, level, device=like.device)  # (2^level + 1,)
+            ones = like.new_ones(columns.numel())
+            size = (1 << level, (2 << level) - 2)
+            with warnings.catch_warnings():  # torch's notes that sparse CSR tensors are in beta
+                warnings.filterwarnings("ignore", "Sparse", UserWarning)
+                self._tables[key] = torch.sparse_csr_tensor(starts, columns, ones, size, check_invariants=False)
         return self._tables[key]
 
     def descend(self, phi: Tensor, k: int, reach: Reach, known: Tensor | None = None) -> tuple[Tensor, Tensor]:
