@@ -57,6 +57,21 @@ def test_gpu_paths_give_the_cpu_paths_log_q_and_keep_the_targets(kind, shared, w
     torch.testing.assert_close(log_q, cpu.log_q(ids), rtol=1e-5, atol=1e-5)  # the draws' log q is the CPU path's
 
 
+@pytest.mark.parametrize("scored_levels", [0, 5, 7])
+def test_scored_levels_reach_the_walk_and_keep_the_cpu_paths_log_q(scored_levels):
+    """``sampler.scored_levels`` sets the levels the GPU paths' product scores (the last 4 walked at most: 3 of this
+    7-level tree at 0, 5, and all 7, a tree scored whole); log q stays the CPU path's at each."""
+    options = {"unigram_share": 0.25, "num_classes": 300, "counts": synthetic_counts(300)}
+    made = RFFSampler(D=32, leaf_size=4, scored_levels=scored_levels, **options)
+    made.update(0.3 * torch.randn(300, 6, generator=torch.Generator().manual_seed(0)))
+    query = torch.randn(5, 6, generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, 300, (5, 9), generator=torch.Generator().manual_seed(2))
+    expected = made.propose(query).log_q(ids)
+    set_execution(made, Execution.gpu)
+    assert made.tree.depth == 7 and made.tree.fixed.walk.scored_level(5) == max(3, scored_levels)
+    torch.testing.assert_close(made.propose(query).log_q(ids), expected, rtol=1e-5, atol=1e-5)
+
+
 def test_auto_follows_the_device():
     assert resolve_execution("auto", "cpu") is Execution.cpu
     assert resolve_execution("auto", "gpu") is Execution.gpu

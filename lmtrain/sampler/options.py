@@ -48,6 +48,10 @@ class KernelOptions:
     feature_cache: str | bool | None = field(
         default="auto", metadata={"choices": ("auto", "full", "bfloat16", "off", True, False, None)}
     )
+    # GPU paths (execution=gpu): the levels one product scores for every node at each step, so a tree of up to
+    # 2^scored_levels buckets is scored whole and a deeper one draws its last levels in gathered stages; more trades
+    # the stages' gathered bytes for the product's multiply-adds (docs/gpu.md; 15: an estimate, not yet timed)
+    scored_levels: int = field(default=15, metadata={"at_least": 0})
 
 
 @dataclass

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from lmtrain.sampler.kernel.buckets import BucketScorer
 from lmtrain.sampler.kernel.features import FeatureMap
-from lmtrain.sampler.kernel.fixed_walk import FixedWalk, Reach
+from lmtrain.sampler.kernel.fixed_walk import SCORED_LEVELS, FixedWalk, Reach
 from lmtrain.sampler.kernel.store import TreeStore
 
 
@@ -27,11 +27,11 @@ class FixedDraws:
     """``KernelTree``'s per-example and batch-shared draws and log q in a fixed number of operators: the descent
     of ``FixedWalk`` (top levels scored whole, the last ones drawn in stages), in-bucket scores for every walker's
     bucket (no deduplication, no per-step table), and path probabilities from the same top reach. ``top`` is a step's
-    ``FixedStep`` (None: computed here)."""
+    ``FixedStep`` (None: computed here). ``scored_levels``: ``FixedWalk``'s ``scored``."""
 
-    def __init__(self, store: TreeStore, scorer: BucketScorer) -> None:
+    def __init__(self, store: TreeStore, scorer: BucketScorer, scored_levels: int = SCORED_LEVELS) -> None:
         self.store, self.scorer = store, scorer
-        self.walk = FixedWalk(store)
+        self.walk = FixedWalk(store, scored=scored_levels)
 
     def step(self, phi: Tensor, prepared: Tensor | None = None) -> FixedStep:
         """The ``FixedStep`` of queries phi (N, F) (and their ``prepared`` form, per example)."""

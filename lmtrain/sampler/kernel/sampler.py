@@ -51,7 +51,12 @@ class KernelSampler(Sampler):
         super().__init__()
         opts = options or KernelOptions()
         self.tree = KernelTree(
-            features, leaf_size=opts.leaf_size, eps=opts.eps, refresh=opts.refresh, feature_cache=opts.feature_cache
+            features,
+            leaf_size=opts.leaf_size,
+            eps=opts.eps,
+            refresh=opts.refresh,
+            feature_cache=opts.feature_cache,
+            scored_levels=opts.scored_levels,
         )
         share = opts.unigram_share
         self.unigram = UnigramShare(share, num_classes, counts) if share else None

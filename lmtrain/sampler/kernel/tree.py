@@ -8,6 +8,7 @@ from torch import Tensor, nn
 from lmtrain.common.execution import DeviceAware
 from lmtrain.sampler.kernel.buckets import BucketScorer, BucketScores
 from lmtrain.sampler.kernel.features import FeatureMap
+from lmtrain.sampler.kernel.fixed_walk import SCORED_LEVELS
 from lmtrain.sampler.kernel.gpu_draws import FixedDraws, FixedStep
 from lmtrain.sampler.kernel.store import TreeStore
 from lmtrain.sampler.kernel.walk import TreeWalk
@@ -57,13 +58,14 @@ class KernelTree(DeviceAware, nn.Module):
         chunk_elements: int = 1 << 22,
         refresh: int = 64,
         feature_cache: str | bool | None = "auto",
+        scored_levels: int = SCORED_LEVELS,
     ) -> None:
         super().__init__()
         self.features = features  # registered here only: its state-dict keys stay `...tree.features.*`
         self.store = TreeStore(features, leaf_size, eps, chunk_elements, refresh, feature_cache)  # no persistent state
         self.walk = TreeWalk(self.store, dense_factor)  # not a module (nor the scorer): they hold no tensors
         self.scorer = BucketScorer(features, self.store, self.walk)
-        self.fixed = FixedDraws(self.store, self.scorer)
+        self.fixed = FixedDraws(self.store, self.scorer, scored_levels)
 
     def fixed_step(self, query: Tensor | None = None, phi: Tensor | None = None) -> FixedStep | None:
         """On the GPU paths, what a step's draws and log q share (``FixedStep``): for the queries (N, d) their
