@@ -126,7 +126,7 @@ class FixedUpdate:
             ids = store.member_ids(self.every_bucket())  # (B, L)
             self._members = {key: (ids.clamp(max=store.num_classes - 1).view(-1), ids < store.num_classes)}
         rows, valid = self._members[key]
-        leaves.copy_(store.features.node_sums(store.weight.index_select(0, rows).view(buckets, size, -1), valid))
+        store.features.node_sums(store.weight.index_select(0, rows).view(buckets, size, -1), valid, out=leaves)
 
     def every_bucket(self) -> Tensor:
         """(B,) 0..B - 1, made once per tree shape and device."""

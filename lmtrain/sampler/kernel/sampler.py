@@ -9,8 +9,9 @@ from typing import Any, ClassVar
 from torch import Tensor
 
 from lmtrain.sampler.base import Sampler
-from lmtrain.sampler.kernel.features import FeatureMap, QuadraticFeatures, RandomFourierFeatures
+from lmtrain.sampler.kernel.features import FeatureMap, RandomFourierFeatures
 from lmtrain.sampler.kernel.proposal import KernelProposal, MixtureProposal
+from lmtrain.sampler.kernel.quadratic_features import QuadraticFeatures
 from lmtrain.sampler.kernel.tree import KernelTree
 from lmtrain.sampler.kernel.unigram_share import UnigramShare
 from lmtrain.sampler.options import KernelOptions, QuadraticOptions, RFFOptions
