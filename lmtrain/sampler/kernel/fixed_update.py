@@ -41,7 +41,6 @@ class FixedUpdate:
         self.store = store
         self.updates = 0
         self._descendants: dict[tuple[int, torch.device, torch.dtype], Tensor] = {}
-        self._leaves: dict[tuple[int, int, int, torch.device], Tensor] = {}  # the last ``leaf_of_every_class``
         self._buckets: dict[tuple[int, torch.device], Tensor] = {}  # the last ``every_bucket``
         self._parents: dict[tuple, Tensor] = {}  # the last ``leaf_and_parent``
         self._members: dict[tuple[int, int, int, torch.device], tuple[Tensor, Tensor]] = {}  # ``set_every_leaf``'s
@@ -89,22 +88,15 @@ class FixedUpdate:
         return self._descendants[key]
 
     def leaf_and_parent(self) -> Tensor:
-        """(n, 2) the heap index of every class's leaf and of its parent (a tree of two leaves or more), made once
-        per tree shape and device."""
-        leaf = self.leaf_of_every_class()
-        key = (leaf.shape[0], self.store.num_buckets, leaf.device)
-        if key not in self._parents:
-            self._parents = {key: torch.stack([leaf, torch.div(leaf - 1, 2, rounding_mode="floor")], 1)}
-        return self._parents[key]
-
-    def leaf_of_every_class(self) -> Tensor:
-        """(n,) the heap index of every class's leaf, made once per tree shape and device."""
+        """(n, 2) the heap index of every class's leaf and of its parent (-1 in a tree of one leaf, which has
+        none), made once per tree shape and device."""
         store = self.store
         key = (store.num_classes, store.bucket_size, store.depth, store.nodes.device)
-        if key not in self._leaves:
+        if key not in self._parents:
             classes = torch.arange(store.num_classes, device=store.nodes.device)
-            self._leaves = {key: torch.div(classes, store.bucket_size, rounding_mode="floor") + store.num_buckets - 1}
-        return self._leaves[key]
+            leaf = torch.div(classes, store.bucket_size, rounding_mode="floor") + store.num_buckets - 1
+            self._parents = {key: torch.stack([leaf, torch.div(leaf - 1, 2, rounding_mode="floor")], 1)}
+        return self._parents[key]
 
     def set_every_leaf(self) -> None:
         """Every leaf := the sum of its classes' features (``TreeStore.set_leaves`` of every bucket), from the cache or
@@ -146,7 +138,8 @@ class FixedUpdate:
             cache.keep_prepared(None, prepared)
             old = cache.table[:n]  # (n, F): what the tree's sums hold
             new = torch.where(counted.unsqueeze(1), new, old)  # unchanged rows keep their cached features
-            store.nodes.index_add_(0, self.leaf_of_every_class(), new.to(store.nodes.dtype) - old.to(store.nodes.dtype))
+            leaf = self.leaf_and_parent()[:, 0]  # (n,)
+            store.nodes.index_add_(0, leaf, new.to(store.nodes.dtype) - old.to(store.nodes.dtype))
             old.copy_(new)
             return
         rows = rows.sort().values  # (R,) sorted, repeats masked: only a row's first occurrence adds its delta
