@@ -10,6 +10,7 @@ from lmtrain.common.execution import Execution, resolve_execution, set_execution
 from lmtrain.sampler import QuadraticSampler, RFFSampler
 from lmtrain.tools.launches import synthetic_counts
 from tests.conftest import DEVICES
+from tests.forced_steps import CASE_IDS, CASES, assert_same_steps, config, two_steps
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -107,3 +108,12 @@ def test_the_gpu_paths_keep_the_unit_rows_current_through_updates(device):
     assert cache.rows.numel() == 0
     set_execution(made, Execution.gpu)
     assert_current()
+
+
+@pytest.mark.parametrize(("output", "extra"), CASES, ids=CASE_IDS)
+def test_two_training_steps_of_the_gpu_paths_equal_the_cpu_paths(output, extra):
+    """Every strategy's GPU paths (``execution=gpu``, here on the CPU) train as its CPU paths do: two steps on the
+    same windows and forced negatives give the same losses and weights (a GPU path that skipped the forced draw,
+    dropped a log q correction or updated a tree differently would not)."""
+    cfg = config(output, extra)
+    assert_same_steps(two_steps(cfg, "cpu", Execution.gpu), two_steps(cfg, "cpu", Execution.cpu))

@@ -193,12 +193,16 @@ class SampledOutput(OutputLayer):
         """The GPU paths' per-position draw from a proposal whose log q is a lookup: the ids alone, then the targets'
         and the negatives' rows and log q each from one gather of the joined ids (N, 1 + m), the targets first (one
         lookup where the draw's and the targets' took one each). Per position only, so never ``unique`` draws."""
-        ids = draw_negative_ids(proposal, self.options.num_samples, query.shape[0])  # (N, m)
+        ids = self.negative_ids(proposal, query.shape[0])  # (N, m)
         joint = torch.cat([target.unsqueeze(1), ids], dim=1)  # (N, 1 + m)
         log_q = proposal.log_q(joint)  # (N, 1 + m)
         proposal.remember(log_q[:, :1])  # the targets' (N, 1), for target_log_q
         scores = self.query_scores(query, joint)  # (N, 1 + m)
         return Draw(query, proposal, ids, log_q[:, 1:], None, scores[:, :1], scores[:, 1:], scores, log_q)
+
+    def negative_ids(self, proposal: Proposal, positions: int) -> Tensor:
+        """The ids alone (positions, m) of a per-position draw whose log q is looked up afterwards (``joint_draw``)."""
+        return draw_negative_ids(proposal, self.options.num_samples, positions)
 
     def joint_scores(self, query: Tensor, target: Tensor, ids: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
         """The GPU paths' scores of the targets (N, 1) and the negatives (N, m); per position from one gather of
