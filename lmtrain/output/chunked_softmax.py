@@ -117,7 +117,7 @@ def logits_budget_mib(logits_mib: float, gpu_fraction: float, device: torch.devi
 
     Why two budgets: on a CPU, chunks that stay cache-sized keep a 10^6-class step within a few GiB at no cost in
     speed; on a GPU one dense product beats a loop over chunks (on an H200 at 10^6 classes and batch 20 x 35 the
-    dense step ran 8x chunks of 4,096 classes, docs/bench/gpu_h200.md), and the dense step's peak, about three
+    dense step ran 7x chunks of 4,096 classes, docs/bench/gpu_h200.md), and the dense step's peak, about three
     times its logits, stays well inside the device at a sixteenth."""
     if device.type != "cuda" or not gpu_fraction:
         return logits_mib
