@@ -62,11 +62,12 @@ def main(argv: list[str] | None = None) -> int:
         for output in outputs:
             counts, traffic = count_step_traffic([*overrides(output), "execution=gpu"], n, rows_cols)
             gc.collect()  # the cell's model and tree are cycles: freed now, before the next cell's (GiBs at 10^6)
-            row = {"output": output, "n": n, "bytes": traffic.bytes, "launches": counts.launches}
+            row = {"output": output, "n": n, "bytes": traffic.bytes, "macs": traffic.macs, "launches": counts.launches}
             row |= {"syncs": counts.syncs, "top": traffic.top(args.top)}
             record["rows"].append(row)
             print(
-                f"{output} at n = {n:,}: {traffic.bytes / GIB:.2f} GiB, {counts.launches} operators, "
+                f"{output} at n = {n:,}: {traffic.bytes / GIB:.2f} GiB, {traffic.macs / 1e9:.1f} G multiply-adds, "
+                f"{counts.launches} operators, "
                 f"{counts.syncs} syncs",
                 flush=True,
             )

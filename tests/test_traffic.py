@@ -82,7 +82,28 @@ def test_the_script_writes_a_record_and_its_table(monkeypatch, tmp_path):
     ]
     table = out.with_suffix(".md").read_text()
     row = next(r for r in record["rows"] if r["output"].startswith("unigram"))
-    assert f"| unigram:model.hidden_dim=16 | {row['bytes'] / 2**30:.2f} / {row['launches']} / 1 |" in table
+    cell = f"{row['bytes'] / 2**30:.2f} / {row['macs'] / 1e9:.1f} / {row['launches']} / 1"
+    assert f"| unigram:model.hidden_dim=16 | {cell} |" in table and row["macs"] > 0
+
+
+def test_products_count_their_multiply_adds_and_a_sparse_factor_its_entries():
+    """Which bugs: a sparse factor counted at its dense shape (the walk's 0/1 ancestor matrix would look 2^t / t
+    times heavier than its product is), a batched product counted as one, elementwise work counted as products."""
+
+    def macs(fn) -> int:
+        with TrafficCounter() as counter:
+            fn()
+        return counter.traffic.macs
+
+    a, b, bias = torch.randn(8, 16), torch.randn(16, 4), torch.randn(4)
+    assert macs(lambda: a @ b) == macs(lambda: torch.addmm(bias, a, b)) == 8 * 16 * 4
+    assert macs(lambda: torch.bmm(a.expand(3, 8, 16), b.expand(3, 16, 4))) == 3 * 8 * 16 * 4
+    assert macs(lambda: a @ b[:, 0]) == 8 * 16
+    ones = torch.zeros(8, 16)
+    ones[torch.arange(8), torch.arange(8)] = 1.0  # 8 entries
+    sparse = ones.to_sparse_csr()
+    assert macs(lambda: torch.mm(sparse, b)) == 8 * 4
+    assert macs(lambda: (a * 2).exp().sum()) == 0
 
 
 def test_a_sparse_update_of_a_dense_matrix_touches_only_its_rows():

@@ -16,6 +16,10 @@ of its tensors once:
 - ``nll_loss_forward`` reads only each row's target entry of its log-probabilities (a gather), and
   ``nll_loss_backward`` writes its (N, C) gradient without reading them (their shape only).
 
+Beside the bytes it counts the multiply-adds of the products (``mm``, ``addmm``, ``bmm``, ``baddbmm``, ``mv``,
+``addmv``; a sparse operand's entries, not its dense shape), the other bound a step can meet: the bytes time a GPU's
+memory, the multiply-adds its arithmetic. Elementwise arithmetic is not counted (memory bounds it).
+
 Caches, fusion inside a library kernel (a GEMM reads a block several times from cache, not from memory) and
 atomics are not modelled, so the figure is a floor on traffic, not a time. It is exact and machine-independent:
 a GPU at B bytes/s needs at least bytes / B for the step's operators (``scripts/bench_traffic.py`` prints it beside
@@ -90,15 +94,32 @@ def operator_bytes(name: str, args: tuple[Any, ...], kwargs: dict[str, Any], out
     return sum(tensor_bytes(t) for t in reads) + sum(tensor_bytes(t) for t in outputs)
 
 
+PRODUCTS = {"mm": 0, "addmm": 1, "bmm": 0, "baddbmm": 1, "mv": 0, "addmv": 1}  # name -> index of the left factor
+
+
+def operator_macs(name: str, args: tuple[Any, ...]) -> int:
+    """The multiply-adds of a product ``name`` (0 for any other operator): (m, k) x (k, n) takes m k n, a batch of
+    them B m k n, and a sparse left factor its entries x n."""
+    if name not in PRODUCTS:
+        return 0
+    left, right = args[PRODUCTS[name]], args[PRODUCTS[name] + 1]
+    columns = right.shape[-1] if right.dim() > 1 else 1
+    if left.layout != torch.strided:
+        return left._nnz() * columns
+    return left.numel() * columns
+
+
 def _is_tensor(value: Any) -> bool:
     return isinstance(value, torch.Tensor)
 
 
 @dataclass
 class Traffic:
-    """Bytes moved in a counted region: the total and per (operator, where in lmtrain's code it was called)."""
+    """Bytes moved in a counted region: the total and per (operator, where in lmtrain's code it was called), and
+    the products' multiply-adds."""
 
     bytes: int = 0
+    macs: int = 0
     by_site: Counter[tuple[str, str]] = field(default_factory=Counter)
 
     def top(self, count: int) -> list[dict[str, Any]]:
@@ -116,6 +137,7 @@ class TrafficCounter(DispatchCounter):
     def launched(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
         moved = operator_bytes(name, args, kwargs, out)
         self.traffic.bytes += moved
+        self.traffic.macs += operator_macs(name, args)
         self.traffic.by_site[(name, _call_site())] += moved
 
 
@@ -139,10 +161,12 @@ def count_step_traffic(
 def traffic_table(record: dict[str, Any]) -> str:
     """Markdown: GiB / operators / syncs per strategy (rows) and size (columns), then each cell's top sites."""
     sizes = record["sizes"]
+    with_macs = all("macs" in r for r in record["rows"])  # records before the products were counted have none
+    products = "G multiply-adds of the products / " if with_macs else ""
     lines = [
         f"<!-- written by `{record['command']}`: do not edit -->",
         f"Modelled memory traffic of one `train_step` (default model, batch {record['batch']}, m = 100), GPU paths "
-        "(`execution=gpu`): GiB read and written at least / operators that launch work / host syncs "
+        f"(`execution=gpu`): GiB read and written at least / {products}operators that launch work / host syncs "
         "(`lmtrain.tools.traffic`).",
         "",
         "| output | " + " | ".join(f"n = {n:,}" for n in sizes) + " |",
@@ -153,7 +177,8 @@ def traffic_table(record: dict[str, Any]) -> str:
         row = [output]
         for n in sizes:
             r = cells.get((output, n))
-            row.append("" if r is None else f"{r['bytes'] / 2**30:.2f} / {r['launches']} / {r['syncs']}")
+            macs = f"{r['macs'] / 1e9:.1f} / " if with_macs and r is not None else ""
+            row.append("" if r is None else f"{r['bytes'] / 2**30:.2f} / {macs}{r['launches']} / {r['syncs']}")
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
     for r in record["rows"]:
