@@ -18,7 +18,8 @@ of its tensors once:
 
 Beside the bytes it counts the multiply-adds of the products (``mm``, ``addmm``, ``bmm``, ``baddbmm``, ``mv``,
 ``addmv``; a sparse operand's entries, not its dense shape), the other bound a step can meet: the bytes time a GPU's
-memory, the multiply-adds its arithmetic. Elementwise arithmetic is not counted (memory bounds it).
+memory, the multiply-adds its arithmetic. Elementwise arithmetic is not counted (memory bounds it), nor the LSTM's
+fused kernel (``mkldnn_rnn_layer`` here, cuDNN's on a GPU), the same for every output strategy.
 
 Caches, fusion inside a library kernel (a GEMM reads a block several times from cache, not from memory) and
 atomics are not modelled, so the figure is a floor on traffic, not a time. It is exact and machine-independent:
