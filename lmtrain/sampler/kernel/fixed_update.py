@@ -18,11 +18,12 @@ Here every shape is known before the step:
 
 from __future__ import annotations
 
-import warnings
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
+from lmtrain.sampler.kernel.heap_paths import descendant_matrix
 
 if TYPE_CHECKING:
     from lmtrain.sampler.kernel.store import TreeStore
@@ -72,19 +73,10 @@ class FixedUpdate:
 
     def descendants(self, level: int, like: Tensor) -> Tensor:
         """The sparse CSR matrix (2^level - 1, 2^level) of ones where column c (a node of ``level``) lies below row r
-        (a node above it, heap order), of ``like``'s dtype and device; built on the host once per level, device and
-        dtype."""
+        (a node above it, heap order), of ``like``'s dtype and device; made once per level, device and dtype."""
         key = (level, like.device, like.dtype)
         if key not in self._descendants:
-            col = torch.arange(1 << level)  # (2^level,) the nodes of ``level``
-            shifts = torch.arange(level, 0, -1)  # (level,) to the ancestors on levels 0..level - 1
-            row = ((col + (1 << level)).unsqueeze(1) >> shifts) - 1  # (2^level, level) heap index of each ancestor
-            where = torch.stack([row.flatten(), col.repeat_interleave(level)])  # (2, level 2^level)
-            ones = torch.ones(where.shape[1], dtype=like.dtype)
-            with warnings.catch_warnings():  # torch's notes that sparse CSR tensors are in beta
-                warnings.filterwarnings("ignore", "Sparse", UserWarning)
-                matrix = torch.sparse_coo_tensor(where, ones, ((1 << level) - 1, 1 << level)).coalesce()
-                self._descendants[key] = matrix.to_sparse_csr().to(like.device)
+            self._descendants[key] = descendant_matrix(level, like)
         return self._descendants[key]
 
     def leaf_and_parent(self) -> Tensor:

@@ -29,12 +29,12 @@ whole the stage reads nothing new; a gathered stage of two levels reads as many 
 
 from __future__ import annotations
 
-import warnings
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
+from lmtrain.sampler.kernel.heap_paths import ancestor_matrix
 from lmtrain.sampler.kernel.store import GPU_BLOCK_ELEMENTS, TreeStore
 from lmtrain.sampler.options import KernelOptions
 
@@ -124,15 +124,7 @@ class FixedWalk:
         branch log-probabilities (heap index - 1); made once per level, dtype and device."""
         key = ("ancestors", level, like.dtype, like.device)
         if key not in self._tables:
-            heap = torch.arange(1 << level, device=like.device) + (1 << level)  # 1-based heap index of each node
-            shifts = torch.arange(level - 1, -1, -1, device=like.device)  # (level,): from level 1 down to ``level``
-            columns = ((heap.unsqueeze(1) >> shifts) - 2).flatten()  # (2^level level,) ascending in each row
-            starts = torch.arange(0, columns.numel() + 1, level, device=like.device)  # (2^level + 1,)
-            ones = like.new_ones(columns.numel())
-            size = (1 << level, (2 << level) - 2)
-            with warnings.catch_warnings():  # torch's notes that sparse CSR tensors are in beta
-                warnings.filterwarnings("ignore", "Sparse", UserWarning)
-                self._tables[key] = torch.sparse_csr_tensor(starts, columns, ones, size, check_invariants=False)
+            self._tables[key] = ancestor_matrix(level, range(1, level + 1), 2, (2 << level) - 2, like)
         return self._tables[key]
 
     def descend(self, phi: Tensor, k: int, reach: Reach, known: Tensor | None = None) -> tuple[Tensor, Tensor]:
