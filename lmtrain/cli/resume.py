@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lmtrain.training.checkpoints import newest_last
-
 RUNS_ROOT = Path("outputs")  # where Hydra's default run folders (outputs/DATE/TIME) lie, relative to the cwd
 VALUED_FLAGS = ("-cd", "--config-dir", "-cp", "--config-path", "-cn", "--config-name")
 
@@ -28,5 +26,7 @@ def resume_in_place(args: list[str], root: Path = RUNS_ROOT) -> list[str]:
             overrides.append(arg)
     if any(o.replace(" ", "") == "hydra.mode=MULTIRUN" for o in overrides):
         return args
+    from lmtrain.training.checkpoints import newest_last  # needs Lightning: only when a run is resumed
+
     found = newest_last(root, overrides)
     return args if found is None else [*args, f"hydra.run.dir={found.parent.parent}"]
