@@ -160,14 +160,14 @@ def count_step_traffic(
 
 
 def traffic_table(record: dict[str, Any]) -> str:
-    """Markdown: GiB / operators / syncs per strategy (rows) and size (columns), then each cell's top sites."""
+    """Markdown: GiB / G multiply-adds / operators / syncs per strategy (rows) and size (columns), then each
+    cell's top sites."""
     sizes = record["sizes"]
-    with_macs = all("macs" in r for r in record["rows"])  # records before the products were counted have none
-    products = "G multiply-adds of the products / " if with_macs else ""
     lines = [
         f"<!-- written by `{record['command']}`: do not edit -->",
         f"Modelled memory traffic of one `train_step` (default model, batch {record['batch']}, m = 100), GPU paths "
-        f"(`execution=gpu`): GiB read and written at least / {products}operators that launch work / host syncs "
+        "(`execution=gpu`): GiB read and written at least / G multiply-adds of the products / operators that launch "
+        "work / host syncs "
         "(`lmtrain.tools.traffic`).",
         "",
         "| output | " + " | ".join(f"n = {n:,}" for n in sizes) + " |",
@@ -178,8 +178,7 @@ def traffic_table(record: dict[str, Any]) -> str:
         row = [output]
         for n in sizes:
             r = cells.get((output, n))
-            macs = f"{r['macs'] / 1e9:.1f} / " if with_macs and r is not None else ""
-            row.append("" if r is None else f"{r['bytes'] / 2**30:.2f} / {macs}{r['launches']} / {r['syncs']}")
+            row.append("" if r is None else _cell(r))
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
     for r in record["rows"]:
@@ -187,3 +186,8 @@ def traffic_table(record: dict[str, Any]) -> str:
         lines.append(f"- {r['output']} at n = {r['n']:,}: {sites}")
     lines.append("")
     return "\n".join(lines)
+
+
+def _cell(row: dict[str, Any]) -> str:
+    """One table cell: GiB / G multiply-adds / operators / syncs."""
+    return f"{row['bytes'] / 2**30:.2f} / {row['macs'] / 1e9:.1f} / {row['launches']} / {row['syncs']}"

@@ -60,8 +60,9 @@ class FeatureMap(nn.Module):
         """sum_i weights_i phi(x_i) for raw vectors x (N, d) and weights (N,) -> (F,)."""
         return weights @ self(x)
 
-    def sum_elements(self, bucket_size: int, in_features: int) -> int:  # for memory-bounded chunks
-        return bucket_size * self.out_features(in_features)  # temporary elements ``node_sums`` needs per bucket
+    def sum_elements(self, bucket_size: int, in_features: int) -> int:
+        """Temporary tensor elements ``node_sums`` needs per bucket (for memory-bounded chunks)."""
+        return bucket_size * self.out_features(in_features)
 
     def mixture(self, x: Tensor, root: Tensor, floor: Tensor) -> Tensor:
         """sum_i c_i phi(x_i) with c_i ∝ 1 / max(<phi(x_i), root>, floor), sum_i c_i = 1 (``KernelTree.mixture``):

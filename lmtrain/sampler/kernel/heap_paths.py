@@ -30,9 +30,11 @@ def ancestor_matrix(level: int, levels: range, offset: int, width: int, like: Te
 
 
 def descendant_matrix(level: int, like: Tensor) -> Tensor:
-    """The sparse CSR matrix (2^level - 1, 2^level) of ones where row r (a node above ``level``, heap order) meets
-    the columns of its descendants on ``level``: the transpose of each node's ancestors on levels 0..level - 1."""
-    ancestors = ancestor_matrix(level, range(level), 1, (1 << level) - 1, like)  # (2^level, 2^level - 1)
+    """The sparse CSR matrix (2^level - 1, 2^level) of ones, of ``like``'s dtype and device, where row r (a node
+    above ``level``, heap order) meets the columns of its descendants on ``level``: the transpose of each node's
+    ancestors on levels 0..level - 1, transposed on the host (once) and moved."""
+    on_host = like.new_empty(0, device="cpu")
+    ancestors = ancestor_matrix(level, range(level), 1, (1 << level) - 1, on_host)  # (2^level, 2^level - 1)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "Sparse", UserWarning)
-        return ancestors.t().to_sparse_csr()  # CSC transposed is CSR; the conversion sorts each row's columns
+        return ancestors.t().to_sparse_csr().to(like.device)  # CSC transposed is CSR, each row's columns sorted
