@@ -19,12 +19,17 @@ def loss_and_grads(output: AdaptiveSoftmax, hidden: torch.Tensor, target: torch.
     return loss.detach(), hidden.grad, {k: p.grad.clone() for k, p in output.named_parameters()}
 
 
+# tails of 70, 110 and 100 words; of 80, 80 (scored as one, ``tail_groups``) and 120
+@pytest.mark.parametrize("cutoffs", [[20, 90, 200], [20, 100, 180]])
 @pytest.mark.parametrize("logits_mib", [128.0, 1e-4])  # dense tail clusters, and chunks of a few classes
-def test_the_gpu_path_gives_the_cpu_paths_loss_and_gradients(logits_mib):
+def test_the_gpu_path_gives_the_cpu_paths_loss_and_gradients(logits_mib, cutoffs):
     torch.manual_seed(0)
-    output = AdaptiveSoftmax(300, 16, cutoffs=[20, 90, 200], div_value=2.0, logits_mib=logits_mib).double()
+    output = AdaptiveSoftmax(300, 16, cutoffs=cutoffs, div_value=2.0, logits_mib=logits_mib).double()
     hidden = torch.randn(40, 16, dtype=torch.float64)
-    target = torch.cat([torch.tensor([0, 19, 20, 89, 90, 199, 200, 299]), torch.randint(300, (32,))])
+    edges = [0, *cutoffs, 300]
+    # each cluster's first and last word
+    ends = torch.tensor([e for a, b in zip(edges[:-1], edges[1:], strict=True) for e in (a, b - 1)])
+    target = torch.cat([ends, torch.randint(300, (32,))])
     cpu, gpu = (loss_and_grads(output, hidden, target, on) for on in (False, True))
     torch.testing.assert_close(gpu[0], cpu[0], rtol=1e-12, atol=0)
     torch.testing.assert_close(gpu[1], cpu[1], rtol=1e-10, atol=1e-14)

@@ -49,6 +49,17 @@ def target_columns(num_classes: int, cutoffs: list[int]) -> Tensor:
     return torch.stack(rows)
 
 
+def equal_size_runs(sizes: list[int]) -> list[tuple[int, int]]:
+    """The runs of consecutive equal ``sizes`` as [start, stop) index ranges: [4000, 4000] -> [(0, 2)]."""
+    runs: list[tuple[int, int]] = []
+    for k, size in enumerate(sizes):
+        if runs and sizes[runs[-1][0]] == size:
+            runs[-1] = (runs[-1][0], k + 1)
+        else:
+            runs.append((k, k + 1))
+    return runs
+
+
 def max_clusters(dim: int, div_value: float) -> int:
     """Most tail clusters (at most 3) whose projection dim / div_value^k keeps at least one dimension."""
     k = 0
@@ -104,6 +115,7 @@ class AdaptiveSoftmax(OutputLayer):
         self.register_buffer("columns", target_columns(num_classes, cutoffs), persistent=False)  # (1 + K, n)
         # the widths of the stacked first product's outputs: the head's logits, then each tail's projection
         self.first_sizes = [self.asm.head_size, *(tail[0].out_features for tail in self.asm.tail)]
+        self.tail_groups = equal_size_runs([b - a for a, b in zip(cutoffs, [*cutoffs[1:], num_classes], strict=True)])
         self._weights: dict[tuple, Tensor] = {}  # uniform_weight's tensors (a few: one per cluster and window shape)
 
     def log_prob(self, hidden: Tensor, target: Tensor) -> Tensor:
@@ -131,9 +143,25 @@ class AdaptiveSoftmax(OutputLayer):
         head, *projected = (hidden @ stacked.T).split(self.first_sizes, 1)  # (N, head), (N, p_k) each
         head = head if asm.head.bias is None else head + asm.head.bias
         total = F.cross_entropy(head, columns[0])  # the mean over all N positions
-        for k, tail in enumerate(asm.tail):
-            total = total + self.tail_nll(tail[1].weight, projected[k], columns[k + 1])
+        for start, stop in self.tail_groups:
+            words = [tail[1].weight for tail in asm.tail[start:stop]]
+            total = total + self.tails_nll(words, projected[start:stop], columns[start + 1 : stop + 1])
         return total
+
+    def tails_nll(self, words: list[Tensor], projected: list[Tensor], local: Tensor) -> Tensor:
+        """``tail_nll`` summed over G tail clusters of one size (consecutive ones, ``tail_groups``); ``local`` (G, N).
+        While their G stacked (N, size) logits fit the budget, they take one cross entropy over (G N, size): one
+        log-softmax and one pick, forward and backward, where each cluster took its own (the classic PTB cutoffs
+        make two tails of 4,000 words)."""
+        size, positions = words[0].shape[0], projected[0].shape[0]
+        budget = logits_budget_mib(self.logits_mib, self.gpu_logits_fraction, projected[0].device)
+        if len(words) > 1 and fitting_chunk(budget, len(words) * positions) >= size:
+            # (G N, size): the clusters' logits one below the other
+            logits = torch.cat([p @ w.T for w, p in zip(words, projected, strict=True)])
+            weight = self.uniform_weight(size, positions, logits)
+            return F.cross_entropy(logits, local.reshape(-1), weight=weight, reduction="sum")
+        nlls = [self.tail_nll(w, p, t) for w, p, t in zip(words, projected, local, strict=True)]
+        return sum(nlls[1:], nlls[0])
 
     def tail_nll(self, words: Tensor, projected: Tensor, local: Tensor) -> Tensor:
         """The sum over the positions in one tail cluster of -log p(local | cluster), divided by all N positions,
