@@ -15,9 +15,9 @@ from tests.forced_steps import CASE_IDS, CASES, assert_same_steps, config, two_s
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def sampler(kind: str, shared: bool, n: int = 300, d: int = 6, device: str = "cpu"):
+def sampler(kind: str, shared: bool, n: int = 300, d: int = 6, device: str = "cpu", **extra):
     counts = synthetic_counts(n)
-    options = {"unigram_share": 0.25, "num_classes": n, "counts": counts}
+    options = {"unigram_share": 0.25, "num_classes": n, "counts": counts, **extra}
     made = RFFSampler(D=32, leaf_size=4, **options) if kind == "rff" else QuadraticSampler(leaf_size=4, **options)
     made.share_negatives(shared)
     weight = 0.3 * torch.randn(n, d, generator=torch.Generator().manual_seed(0))
@@ -108,6 +108,31 @@ def test_the_gpu_paths_keep_the_unit_rows_current_through_updates(device):
     assert cache.rows.numel() == 0
     set_execution(made, Execution.gpu)
     assert_current()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["rff", "quadratic"])
+def test_path_deltas_keep_the_cpu_paths_log_q(kind, device):
+    """The tree update by path deltas (``sampler.tree_update=paths``; ``auto`` takes it at 10^6 classes with
+    batch-shared negatives): after updates whose rows repeat and share buckets, and one past ``refresh`` that
+    re-sums the tree, every id's log q equals that of a CPU-path tree built from the final weights."""
+    made = sampler(kind, True, device=device, tree_update="paths")
+    made.tree.store.refresh = 3
+    set_execution(made, Execution.gpu)
+    weight = made.tree.store.weight.clone()
+    gen = torch.Generator().manual_seed(5)
+    query = torch.randn(5, 6, generator=gen).to(device)
+    ids = torch.randint(0, 300, (5, 9), generator=gen).to(device)
+    assert made.tree.store.fixed_update.by_paths(6)
+    for round_ in range(4):
+        changed = torch.tensor([7, 8, 7, 120 + round_, 299, 8])  # repeats, and rows of one bucket (leaf size 4)
+        weight[changed.to(device)] += 0.2 * torch.randn(changed.numel(), 6, generator=gen).to(device)
+        made.update(weight, changed.to(device))  # by paths but the 3rd, which recomputes every leaf and re-sums
+        assert made.tree.store.fixed_update.updates == (round_ + 1) % 3
+        expected = sampler(kind, True, device=device)
+        expected.update(weight)  # a tree built from the final weights
+        log_q = made.propose(query).log_q(ids)
+        torch.testing.assert_close(log_q, expected.propose(query).log_q(ids), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize(("output", "extra"), CASES, ids=CASE_IDS)

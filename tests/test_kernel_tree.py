@@ -290,14 +290,21 @@ def test_bfloat16_projection_is_close_to_the_float32_features():
 @pytest.mark.parametrize("kind", ["quadratic", "rff", "rff_nocache", "rff_bf16cache"])
 @pytest.mark.parametrize("many", [False, True])
 @pytest.mark.parametrize("leaf_size", [4, 256])
-def test_gpu_path_updates_match_a_rebuild_with_repeated_rows(kind, many, leaf_size):
+@pytest.mark.parametrize("propagation", ["whole", "paths"])
+def test_gpu_path_updates_match_a_rebuild_with_repeated_rows(kind, many, leaf_size, propagation):
     """FixedUpdate (execution=gpu): repeated rows count once, and the tree equals a rebuild after 100 rounds.
     ``many``: a step names more rows than there are classes (every row goes through, unchanged ones masked).
-    ``leaf_size`` 256: a tree of one leaf, the root, which has no parent to take the repeats' deltas."""
+    ``leaf_size`` 256: a tree of one leaf, the root, which has no parent to take the repeats' deltas.
+    ``propagation``: the changed buckets' ancestors re-summed whole, or given the deltas along their paths
+    (``sampler.tree_update=paths``: wherever the tree has levels and a step names fewer rows than its classes)."""
     n, d = 203, 7
     weight = augmented(n, d, seed=7)
-    tree = make_tree(kind, weight, path="gpu", leaf_size=leaf_size, chunk=1 << 22)
+    mode = "resum" if propagation == "whole" else "paths"
+    tree = make_tree(kind, weight, path="gpu", leaf_size=leaf_size, chunk=1 << 22, tree_update=mode)
     assert (tree.store.num_buckets == 1) == (leaf_size > n)
+    update = tree.store.fixed_update
+    assert update.by_paths(33) == (propagation == "paths" and leaf_size < n)  # a round's most rows without ``many``
+    assert not update.by_paths(n)  # a step that names n rows or more goes through every row
     gen = torch.Generator().manual_seed(8)
     scale = tree.nodes.abs().max()
     errors = []

@@ -83,14 +83,16 @@ def test_a_draw_is_counted_alone():
 def test_kernel_samplers_launch_the_same_count_whatever_the_tree(output, shared):
     """The same count (+-5%) for a tree scored whole (10^4 types) and deeper ones whose last levels are gathered,
     and every count within 3x unigram's (the margin below, for this small model). Batch-shared, the one query psi
-    scores every tree here whole (a matrix-vector product with every node): exactly the same count at every size."""
+    scores every tree here whole (a matrix-vector product with every node), so its walk launches the same at every
+    size; its tree update, on the deeper trees, adds its few rows' deltas along their paths instead of re-summing
+    the tree (``FixedUpdate.by_paths``: rff 3 operators fewer, quadratic 6 more, which recomputes the changed
+    buckets' leaves from the weights), which the same rule bounds."""
     options = [output, f"output.shared_negatives={str(shared).lower()}"]
     unigram = counts(["output=unigram"], WHOLE).launches
     steps = [counts(options, n) for n in (WHOLE, *WALKED)]
     launches = [step.launches for step in steps]
     assert all(step.syncs <= 1 for step in steps), [dict(step.sync_ops) for step in steps]
     assert max(launches) <= SAME_COUNT * min(launches), launches
-    assert not shared or len(set(launches)) == 1, launches
     assert max(launches) - unigram <= KERNEL_BEYOND_UNIGRAM, (launches, unigram)
 
 

@@ -52,6 +52,10 @@ class KernelOptions:
     # 2^scored_levels buckets is scored whole and a deeper one draws its last levels in gathered stages; more trades
     # the stages' gathered bytes for the product's multiply-adds (docs/gpu.md: 17 ran 0.86x 15 on an H200 at 10^6 rff)
     scored_levels: int = field(default=15, metadata={"at_least": 0})
+    # GPU paths: after a step the changed buckets' deltas go up their paths to the root (paths), or the tree is
+    # re-summed from its leaves (resum); auto: whichever touches fewer values (paths for batch-shared negatives at
+    # 10^6 classes, docs/gpu.md)
+    tree_update: str = field(default="auto", metadata={"choices": ("auto", "paths", "resum")})
 
 
 @dataclass

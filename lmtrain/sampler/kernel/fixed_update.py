@@ -10,14 +10,24 @@ Here every shape is known before the step:
   which is cheaper than the duplicates;
 - float drift is bounded as on the CPU path (a bucket is recomputed from the cache after at most ``refresh``
   updates), by recomputing every leaf from the cache at every ``refresh``-th update (n F reads, once in a while);
-- without a cache (quadratic), every leaf is recomputed from the weights: one batched product per block, exact;
+- without a cache (quadratic), every leaf is recomputed from the weights: one batched product per block, exact
+  (but for the path deltas below);
 - then the ``SUMMED_LEVELS`` levels above the leaves are re-summed from their children (one addition per level), and
   every level above them at once: one product of a sparse 0/1 matrix (each node's descendants on the lowest of
   those levels, built once per device) with that level's nodes. The operator count does not grow with the depth.
+
+A step that changes few rows for its tree (batch-shared negatives at 10^6 classes: R = m + N = 800 rows against
+2^14 quadratic or 2^17 rff buckets) skips that re-sum of every node: each changed bucket's delta is added to its
+leaf and to every ancestor at once (one ``index_add_`` of R (depth + 1) rows), which ``by_paths`` picks where it
+touches fewer node values. Without a cache the changed buckets' leaves are recomputed from the weights and enter
+the same way, as new leaf - old leaf. Those ancestors then hold sums that were added to, not re-summed, so their
+rounding drifts like the leaves' deltas; the ``refresh``-th update recomputes every leaf and re-sums the tree,
+which bounds it alike.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -32,19 +42,26 @@ if TYPE_CHECKING:
 # matrix has (depth - SUMMED_LEVELS) x 2^(depth - SUMMED_LEVELS) ones: with 3, it reads about 2 x the leaves' values
 # at depth 17 (10^6 classes, rff), where pairwise sums read 1 x
 SUMMED_LEVELS = 3
+# node values a re-sum of the tree touches, per bucket and feature (``by_paths``): each summed level's children read
+# and its nodes written (3 (1/2 + 1/4 + 1/8) B F), and the product's level read and its ancestors written (B F / 4)
+WHOLE_COST = 2.9
+# node values the path deltas touch per changed row, level and feature: the (R, depth + 1, F) deltas written, read
+# back by ``index_add_``, and each node row it adds to read and written
+PATH_COST = 4
 
 
 class FixedUpdate:
     """``TreeStore.update`` for the GPU paths (see the module docstring); ``updates`` counts them since the leaves
-    were last recomputed from the cache."""
+    were last recomputed from the cache. ``mode`` (``sampler.tree_update``): ``auto`` chooses path deltas or a
+    re-sum by ``by_paths``' count, ``paths`` takes the deltas wherever they fit the memory budget, ``resum`` never."""
 
-    def __init__(self, store: TreeStore) -> None:
+    def __init__(self, store: TreeStore, mode: str = "auto") -> None:
         self.store = store
+        self.mode = mode
         self.updates = 0
         self._descendants: dict[tuple[int, torch.device, torch.dtype], Tensor] = {}
-        self._buckets: dict[tuple[int, torch.device], Tensor] = {}  # the last ``every_bucket``
-        self._parents: dict[tuple, Tensor] = {}  # the last ``leaf_and_parent``
-        self._members: dict[tuple[int, int, int, torch.device], tuple[Tensor, Tensor]] = {}  # ``set_every_leaf``'s
+        self._tables: dict[tuple, Tensor] = {}  # index tables of the current tree shape (``_table``)
+        self._shape: tuple = ()  # that shape: classes, bucket size, depth, device
 
     def update(self, weight: Tensor, rows: Tensor) -> None:
         """Bring the tree up to ``weight`` (n, d) after the rows ``rows`` (R,) changed (repeats allowed)."""
@@ -52,15 +69,36 @@ class FixedUpdate:
         store.weight = weight
         if rows.numel() == 0:
             return
-        if store.cache.active:
-            self._add_cached_deltas(weight, rows)
-            self.updates += 1
-            if self.updates >= store.refresh:  # refresh 0: every time
-                self.set_every_leaf()
-                self.updates = 0
-        else:
+        cached = store.cache.active
+        self.updates += 1
+        paths = self.updates < store.refresh and self.by_paths(rows.numel())  # refresh 0: never
+        if cached:
+            self._add_cached_deltas(weight, rows, paths)
+        elif paths:
+            self._add_bucket_deltas(weight, rows)
+        if paths:
+            return
+        if self.updates >= store.refresh or not cached:  # without a cache every leaf, unless by paths
             self.set_every_leaf()
+            self.updates = 0
         self.resum(store.nodes)
+
+    def by_paths(self, rows: int) -> bool:
+        """Whether ``rows`` changed rows enter the tree by path deltas (the module docstring): in ``auto`` mode when
+        they touch fewer values than a re-sum of the tree, counting without a cache the leaves recomputed (theirs
+        against every bucket's); in any mode only where their temporaries fit the memory budget. Decided by shapes
+        alone: a step's operators are known before it runs."""
+        from lmtrain.sampler.kernel.store import GPU_BLOCK_ELEMENTS  # the store imports this module
+
+        store = self.store
+        if self.mode == "resum" or store.depth == 0 or rows >= store.num_classes:
+            return False
+        features, buckets, levels = store.nodes.shape[1], store.num_buckets, store.depth + 1
+        recompute = 0 if store.cache.active else store.features.sum_elements(store.bucket_size, store.weight.shape[1])
+        if max(rows * recompute, rows * levels * features) > GPU_BLOCK_ELEMENTS:
+            return False
+        whole = WHOLE_COST * buckets * features + buckets * recompute
+        return self.mode == "paths" or PATH_COST * rows * levels * features + rows * recompute <= whole
 
     def resum(self, heap: Tensor) -> None:
         """Every internal node of the heap array ``heap`` (2B - 1, F) := the sum of its children, in at most
@@ -79,21 +117,61 @@ class FixedUpdate:
             self._descendants[key] = descendant_matrix(level, like)
         return self._descendants[key]
 
-    def leaf_and_parent(self) -> Tensor:
-        """(n, 2) the heap index of every class's leaf and of its parent (-1 in a tree of one leaf, which has
-        none), made once per tree shape and device."""
+    def _table(self, kind: str, make: Callable[[], Tensor], *extra: object) -> Tensor:
+        """The index table ``kind`` of the current tree shape and device (and ``extra``), made by ``make`` once;
+        tables of an earlier shape are dropped."""
         store = self.store
-        key = (store.num_classes, store.bucket_size, store.depth, store.nodes.device)
-        if key not in self._parents:
+        shape = (store.num_classes, store.bucket_size, store.depth, store.nodes.device)
+        if shape != self._shape:
+            self._tables, self._shape = {}, shape
+        key = (kind, *extra)
+        if key not in self._tables:
+            self._tables[key] = make()
+        return self._tables[key]
+
+    def every_bucket(self) -> Tensor:
+        """(B,) 0..B - 1."""
+        return self._table("buckets", lambda: torch.arange(self.store.num_buckets, device=self.store.nodes.device))
+
+    def leaf_and_parent(self) -> Tensor:
+        """(n, 2) the heap index of every class's leaf and of its parent (-1 in a tree of one leaf, which has none)."""
+        store = self.store
+
+        def make() -> Tensor:
             classes = torch.arange(store.num_classes, device=store.nodes.device)
             leaf = torch.div(classes, store.bucket_size, rounding_mode="floor") + store.num_buckets - 1
-            self._parents = {key: torch.stack([leaf, torch.div(leaf - 1, 2, rounding_mode="floor")], 1)}
-        return self._parents[key]
+            return torch.stack([leaf, torch.div(leaf - 1, 2, rounding_mode="floor")], 1)
+
+        return self._table("parents", make)
+
+    def members(self) -> tuple[Tensor, Tensor]:
+        """Every bucket's member ids (B, L), clamped to n - 1, and their validity (B, L) (the padding of the last)."""
+        ids = self._table("ids", lambda: self.store.member_ids(self.every_bucket()))  # (B, L)
+        valid = self._table("valid", lambda: ids < self.store.num_classes)
+        return self._table("clamped", lambda: ids.clamp(max=self.store.num_classes - 1)), valid
+
+    def paths(self) -> Tensor:
+        """(B, depth + 1) the heap rows of every bucket's leaf and ancestors: node i's k-th ancestor is
+        ((i + 1) >> k) - 1, so bucket b's is (b + B - 2^k) >> k."""
+        store = self.store
+
+        def make() -> Tensor:
+            shifts = torch.arange(store.depth + 1, device=store.nodes.device)  # (depth + 1,) k
+            lifts = torch.ones_like(shifts).bitwise_left_shift(shifts) - store.num_buckets  # 2^k - B
+            return (self.every_bucket().unsqueeze(1) - lifts) >> shifts
+
+        return self._table("paths", make)
+
+    def first_of_each(self, sorted_ids: Tensor) -> Tensor:
+        """(R,) bool: whether each of the sorted ids (R,) is the first of its value (a scratch tensor, reused)."""
+        first = self._table("first", lambda: torch.ones_like(sorted_ids, dtype=torch.bool), sorted_ids.numel())
+        torch.ne(sorted_ids[1:], sorted_ids[:-1], out=first[1:])  # first[0] stays True
+        return first
 
     def set_every_leaf(self) -> None:
         """Every leaf := the sum of its classes' features (``TreeStore.set_leaves`` of every bucket), from the cache or
-        from the rows; in one block where the memory budget allows, gathering the rows with the (B, L) member ids and
-        validity of every bucket, made once per tree shape (else by ``set_leaves``' blocks)."""
+        from the rows; in one block where the memory budget allows, gathering the rows with ``members`` (else by
+        ``set_leaves``' blocks)."""
         from lmtrain.sampler.kernel.store import GPU_BLOCK_ELEMENTS  # the store imports this module
 
         store = self.store
@@ -105,22 +183,26 @@ class FixedUpdate:
         if buckets * store.features.sum_elements(size, store.weight.shape[1]) > GPU_BLOCK_ELEMENTS:
             store.set_leaves(self.every_bucket())
             return
-        key = (store.num_classes, size, buckets, store.nodes.device)
-        if key not in self._members:
-            ids = store.member_ids(self.every_bucket())  # (B, L)
-            self._members = {key: (ids.clamp(max=store.num_classes - 1).view(-1), ids < store.num_classes)}
-        rows, valid = self._members[key]
-        store.features.node_sums(store.weight.index_select(0, rows).view(buckets, size, -1), valid, out=leaves)
+        ids, valid = self.members()
+        store.features.node_sums(store.weight.index_select(0, ids.view(-1)).view(buckets, size, -1), valid, out=leaves)
 
-    def every_bucket(self) -> Tensor:
-        """(B,) 0..B - 1, made once per tree shape and device."""
+    def _add_along_paths(self, buckets: Tensor, delta: Tensor, counted: Tensor) -> None:
+        """Add ``delta`` (R, F) to the leaves of ``buckets`` (R,) and to every ancestor of each, where ``counted``
+        (R,) (bool); a repeat (not counted) adds nothing."""
+        nodes = self.paths().index_select(0, buckets)  # (R, depth + 1) heap rows
+        share = delta.unsqueeze(1).expand(-1, nodes.shape[1], -1) * counted.view(-1, 1, 1)  # (R, depth + 1, F)
+        self.store.nodes.index_add_(0, nodes.view(-1), share.view(-1, delta.shape[1]))
+
+    def _add_bucket_deltas(self, weight: Tensor, rows: Tensor) -> None:
+        """Without a cache, by paths: every changed bucket's leaf recomputed from ``weight`` enters as new - old."""
         store = self.store
-        key = (store.num_buckets, store.nodes.device)
-        if key not in self._buckets:
-            self._buckets = {key: torch.arange(store.num_buckets, device=store.nodes.device)}
-        return self._buckets[key]
+        buckets = torch.div(rows, store.bucket_size, rounding_mode="floor").sort().values  # (R,) repeats adjacent
+        ids, valid = (table.index_select(0, buckets) for table in self.members())  # (R, L) each
+        new = store.features.node_sums(weight.index_select(0, ids.view(-1)).view(*ids.shape, -1), valid)  # (R, F)
+        old = store.nodes[store.num_buckets - 1 :].index_select(0, buckets)  # (R, F) the leaves as they are
+        self._add_along_paths(buckets, new - old, self.first_of_each(buckets))
 
-    def _add_cached_deltas(self, weight: Tensor, rows: Tensor) -> None:
+    def _add_cached_deltas(self, weight: Tensor, rows: Tensor, paths: bool = False) -> None:
         store, cache = self.store, self.store.cache
         n = store.num_classes
         if rows.numel() >= n:  # every row once, the unchanged ones masked (their cached phi is kept as it is)
@@ -135,15 +217,16 @@ class FixedUpdate:
             old.copy_(new)
             return
         rows = rows.sort().values  # (R,) sorted, repeats masked: only a row's first occurrence adds its delta
-        counted = torch.ones_like(rows, dtype=torch.bool)
-        torch.ne(rows[1:], rows[:-1], out=counted[1:])
+        counted = self.first_of_each(rows)  # (R,)
         prepared = store.features.prepare(weight.index_select(0, rows))  # (R, d)
         new = store.features.of_prepared(prepared, cache.table.dtype)  # (R, F) as the cache stores it
         cache.keep_prepared(rows, prepared)  # repeats of a row write the same values
         old = cache.table.index_select(0, rows)  # (R, F): what the tree's sums hold for these rows
         # old (the cache's dtype) is promoted to the nodes' inside the subtraction: a cast's values, one operator fewer
         delta = torch.sub(new.to(store.nodes.dtype), old)  # (R, F) in the nodes' dtype
-        if store.num_buckets > 1:  # a row's first occurrence adds to its leaf, a repeat to the leaf's parent, which
+        if paths:  # each row's first occurrence adds to its leaf and every ancestor
+            self._add_along_paths(torch.div(rows, store.bucket_size, rounding_mode="floor"), delta, counted)
+        elif store.num_buckets > 1:  # a row's first occurrence adds to its leaf, a repeat to the leaf's parent, which
             leaf, parent = self.leaf_and_parent().index_select(0, rows).unbind(1)  # ``resum`` rewrites next: (R,) each
             store.nodes.index_add_(0, torch.where(counted, leaf, parent), delta)  # no pass over delta to mask them
         else:  # the one leaf is the root: the repeats' deltas masked

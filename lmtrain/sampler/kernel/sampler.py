@@ -58,6 +58,7 @@ class KernelSampler(Sampler):
             refresh=opts.refresh,
             feature_cache=opts.feature_cache,
             scored_levels=opts.scored_levels,
+            tree_update=opts.tree_update,
         )
         share = opts.unigram_share
         self.unigram = UnigramShare(share, num_classes, counts) if share else None

@@ -59,6 +59,7 @@ class KernelTree(DeviceAware, nn.Module):
         refresh: int = 64,
         feature_cache: str | bool | None = "auto",
         scored_levels: int = SCORED_LEVELS,
+        tree_update: str = "auto",
     ) -> None:
         super().__init__()
         self.features = features  # registered here only: its state-dict keys stay `...tree.features.*`
@@ -66,6 +67,7 @@ class KernelTree(DeviceAware, nn.Module):
         self.walk = TreeWalk(self.store, dense_factor)  # not a module (nor the scorer): they hold no tensors
         self.scorer = BucketScorer(features, self.store, self.walk)
         self.fixed = FixedDraws(self.store, self.scorer, scored_levels)
+        self.store.fixed_update.mode = tree_update
 
     def fixed_step(self, query: Tensor | None = None, phi: Tensor | None = None) -> FixedStep | None:
         """On the GPU paths, what a step's draws and log q share (``FixedStep``): for the queries (N, d) their
