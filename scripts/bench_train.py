@@ -43,6 +43,7 @@ import argparse
 import contextlib
 import json
 import resource
+import shlex
 import statistics
 import subprocess
 import sys
@@ -273,6 +274,7 @@ def main(argv: list[str] | None = None) -> dict:
                     samples[str(data)].setdefault("plain_full", []).append(plain_round(args, data))
     tables = {data: table(cells, peaks[data], losses[data], step_tokens(args, data)) for data, cells in samples.items()}
     result = {
+        "command": shlex.join(["python", "scripts/bench_train.py", *args.argv]),
         "experiment": args.experiment,
         "steps": args.steps,
         "steps_for": args.steps_for,

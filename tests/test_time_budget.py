@@ -54,6 +54,24 @@ def test_the_table_ranks_runs_at_the_last_budget_and_the_png_is_written(tmp_path
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 
+def test_the_seeds_of_a_strategy_share_its_colour_and_one_legend_entry(tmp_path, monkeypatch):
+    """Runs that differ only by their seed are one group: one colour, one legend entry naming how many runs; each
+    group its own colour (with 18 runs, one colour each cycled through 10 and strategies shared colours)."""
+    runs = [
+        time_budget.TimedRun(f"output={output} seed={seed}", [(60.0 * seed, 100.0 + seed)], 1, 1, None)
+        for output in ("full", "rff", "hsm")
+        for seed in (1, 2, 3)
+    ]
+    figures = []
+    monkeypatch.setattr(time_budget, "save_figure", lambda fig, path, plt: figures.append(fig) or Path(path))
+    time_budget.plot_ppl_vs_time(runs, tmp_path / "p.png", "t")
+    lines = figures[0].axes[0].get_lines()
+    colours = {line.get_label(): line.get_color() for line in lines if not line.get_label().startswith("_")}
+    assert list(colours) == ["output=full (3 runs)", "output=rff (3 runs)", "output=hsm (3 runs)"]
+    assert len(set(colours.values())) == 3
+    assert [line.get_color() for line in lines] == [colour for colour in colours.values() for _ in range(3)]
+
+
 def test_a_folder_without_runs_is_one_line_and_exit_code_2(tmp_path, capsys):
     assert time_budget.main([str(tmp_path)]) == 2
     assert "no run folders" in capsys.readouterr().err

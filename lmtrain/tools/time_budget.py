@@ -129,13 +129,21 @@ def budget_table(runs: list[TimedRun], budgets: list[float]) -> str:
 
 
 def plot_ppl_vs_time(runs: list[TimedRun], path: str | Path, title: str) -> Path:
-    """Validation perplexity (log) against training minutes, one line per run; the source's optimum if known."""
+    """Validation perplexity (log) against training minutes, one line per run, one colour and legend entry per
+    group of runs that differ only by their seed; the source's optimum if known."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    for number, run in enumerate(runs):
-        if run.curve:
-            minutes = [t / 60 for t, _ in run.curve]
-            ax.plot(minutes, [p for _, p in run.curve], marker="o", ms=3, color=f"C{number % 10}", label=run.label)
+    drawn = [run for run in runs if run.curve]
+    groups = [" ".join(w for w in run.label.split() if not w.startswith("seed=")) or run.label for run in drawn]
+    order = list(dict.fromkeys(groups))  # in the order of each group's first run
+    labelled: set[str] = set()
+    for run, group in zip(drawn, groups, strict=True):
+        size = groups.count(group)
+        label = "_nolegend_" if group in labelled else (group if size == 1 else f"{group} ({size} runs)")
+        labelled.add(group)
+        minutes = [t / 60 for t, _ in run.curve]
+        colour = f"C{order.index(group) % 10}"
+        ax.plot(minutes, [p for _, p in run.curve], marker="o", ms=3, color=colour, label=label)
     best = best_possible(runs)
     if best is not None:
         ax.axhline(best, color="k", ls=":", lw=1, label=f"best possible ({best:,.0f})")
