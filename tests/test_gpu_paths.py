@@ -135,6 +135,32 @@ def test_path_deltas_keep_the_cpu_paths_log_q(kind, device):
         torch.testing.assert_close(log_q, expected.propose(query).log_q(ids), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["rff", "quadratic"])
+def test_path_deltas_drift_no_more_than_a_re_sum_over_real_training(kind):
+    """63 SGD steps of batch-shared training (the most updates between two refreshes) with each tree update: the
+    sampler's log q then against the same tree rebuilt from its weights. The path deltas round at every ancestor
+    (the root takes 800 adds a step) where a re-sum rounds only at the leaves; both stay far below 1e-4 nats."""
+    from lmtrain.tools.step_fixture import step_fixture
+
+    drift = {}
+    for mode in ("paths", "resum"):
+        overrides = [f"output={kind}", "output.shared_negatives=true", "execution=gpu", f"sampler.tree_update={mode}"]
+        overrides += ["model.emb_dim=16", "model.hidden_dim=16", *(["sampler.D=64"] if kind == "rff" else [])]
+        fixture = step_fixture(overrides, 20_000, 63)
+        output, state = fixture.module.output, None
+        assert output.sampler.tree.store.fixed_update.by_paths(800) == (mode == "paths")
+        for batch in fixture.batches:
+            window = fixture.step(batch, state)
+            state = tuple(s.detach() for s in window.state)
+        with torch.no_grad():
+            query = output.query(window.hidden)
+            ids = torch.randint(0, 20_000, (query.shape[0], 50), generator=torch.Generator().manual_seed(1))
+            kept = output.sampler.propose(query).log_q(ids)
+            output.sampler.tree.rebuild(output.sampler.tree.store.weight)
+            drift[mode] = (kept - output.sampler.propose(query).log_q(ids)).abs().max().item()
+    assert drift["paths"] < 1e-4 and drift["resum"] < 1e-4, drift
+
+
 @pytest.mark.parametrize(("output", "extra"), CASES, ids=CASE_IDS)
 def test_two_training_steps_of_the_gpu_paths_equal_the_cpu_paths(output, extra):
     """Every strategy's GPU paths (``execution=gpu``, here on the CPU) train as its CPU paths do: two steps on the
