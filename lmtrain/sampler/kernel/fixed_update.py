@@ -56,6 +56,8 @@ class FixedUpdate:
     re-sum by ``by_paths``' count, ``paths`` takes the deltas wherever they fit the memory budget, ``resum`` never."""
 
     def __init__(self, store: TreeStore, mode: str = "auto") -> None:
+        if mode not in ("auto", "paths", "resum"):
+            raise ValueError(f"sampler.tree_update must be auto, paths or resum, got {mode!r}")
         self.store = store
         self.mode = mode
         self.updates = 0
@@ -75,7 +77,7 @@ class FixedUpdate:
         if cached:
             self._add_cached_deltas(weight, rows, paths)
         elif paths:
-            self._add_bucket_deltas(weight, rows)
+            self._add_bucket_deltas(rows)
         if paths:
             return
         if self.updates >= store.refresh or not cached:  # without a cache every leaf, unless by paths
@@ -146,9 +148,18 @@ class FixedUpdate:
 
     def members(self) -> tuple[Tensor, Tensor]:
         """Every bucket's member ids (B, L), clamped to n - 1, and their validity (B, L) (the padding of the last)."""
-        ids = self._table("ids", lambda: self.store.member_ids(self.every_bucket()))  # (B, L)
-        valid = self._table("valid", lambda: ids < self.store.num_classes)
-        return self._table("clamped", lambda: ids.clamp(max=self.store.num_classes - 1)), valid
+        n = self.store.num_classes
+        valid = self._table("valid", lambda: self.store.member_ids(self.every_bucket()) < n)
+        return self._table("clamped", lambda: self.store.member_ids(self.every_bucket()).clamp(max=n - 1)), valid
+
+    def leaf_sums(self, buckets: Tensor | None = None, out: Tensor | None = None) -> Tensor:
+        """The leaves (R, F) of ``buckets`` (R,) (None: every bucket) recomputed from the weights: the sum of their
+        classes' features, gathered with ``members``; written into ``out`` where given."""
+        ids, valid = self.members()  # (B, L) each
+        if buckets is not None:
+            ids, valid = ids.index_select(0, buckets), valid.index_select(0, buckets)  # (R, L) each
+        rows = self.store.weight.index_select(0, ids.view(-1)).view(*ids.shape, -1)  # (R, L, d)
+        return self.store.features.node_sums(rows, valid, out=out)
 
     def paths(self) -> Tensor:
         """(B, depth + 1) the heap rows of every bucket's leaf and ancestors: node i's k-th ancestor is
@@ -183,8 +194,7 @@ class FixedUpdate:
         if buckets * store.features.sum_elements(size, store.weight.shape[1]) > GPU_BLOCK_ELEMENTS:
             store.set_leaves(self.every_bucket())
             return
-        ids, valid = self.members()
-        store.features.node_sums(store.weight.index_select(0, ids.view(-1)).view(buckets, size, -1), valid, out=leaves)
+        self.leaf_sums(out=leaves)
 
     def _add_along_paths(self, buckets: Tensor, delta: Tensor, counted: Tensor) -> None:
         """Add ``delta`` (R, F) to the leaves of ``buckets`` (R,) and to every ancestor of each, where ``counted``
@@ -193,14 +203,12 @@ class FixedUpdate:
         share = delta.unsqueeze(1).expand(-1, nodes.shape[1], -1) * counted.view(-1, 1, 1)  # (R, depth + 1, F)
         self.store.nodes.index_add_(0, nodes.view(-1), share.view(-1, delta.shape[1]))
 
-    def _add_bucket_deltas(self, weight: Tensor, rows: Tensor) -> None:
-        """Without a cache, by paths: every changed bucket's leaf recomputed from ``weight`` enters as new - old."""
+    def _add_bucket_deltas(self, rows: Tensor) -> None:
+        """Without a cache, by paths: every changed bucket's leaf recomputed from the weights enters as new - old."""
         store = self.store
         buckets = torch.div(rows, store.bucket_size, rounding_mode="floor").sort().values  # (R,) repeats adjacent
-        ids, valid = (table.index_select(0, buckets) for table in self.members())  # (R, L) each
-        new = store.features.node_sums(weight.index_select(0, ids.view(-1)).view(*ids.shape, -1), valid)  # (R, F)
         old = store.nodes[store.num_buckets - 1 :].index_select(0, buckets)  # (R, F) the leaves as they are
-        self._add_along_paths(buckets, new - old, self.first_of_each(buckets))
+        self._add_along_paths(buckets, self.leaf_sums(buckets) - old, self.first_of_each(buckets))
 
     def _add_cached_deltas(self, weight: Tensor, rows: Tensor, paths: bool = False) -> None:
         store, cache = self.store, self.store.cache

@@ -59,6 +59,7 @@ class TreeStore(DeviceAware, nn.Module):
         chunk_elements: int = 1 << 22,
         refresh: int = 64,
         feature_cache: str | bool | None = "auto",
+        tree_update: str = "auto",
     ) -> None:
         super().__init__()
         if leaf_size is not None and int(leaf_size) < 1:
@@ -79,7 +80,7 @@ class TreeStore(DeviceAware, nn.Module):
         self.register_buffer("previous", torch.empty(0), persistent=False)  # (n, d) the rows the leaves hold
         self.register_buffer("deltas", torch.empty(0), persistent=False)  # (B,) delta updates since a recompute
         self.slots = torch.arange(0)  # (L,) 0..L-1, the slots of a bucket (made once per bucket size and device)
-        self.fixed_update = FixedUpdate(self)  # the GPU paths' update (not a module: it holds no tensors)
+        self.fixed_update = FixedUpdate(self, tree_update)  # the GPU paths' update (not a module: no tensors)
 
     @property
     def num_buckets(self) -> int:

@@ -63,11 +63,11 @@ class KernelTree(DeviceAware, nn.Module):
     ) -> None:
         super().__init__()
         self.features = features  # registered here only: its state-dict keys stay `...tree.features.*`
-        self.store = TreeStore(features, leaf_size, eps, chunk_elements, refresh, feature_cache)  # no persistent state
+        # the node sums and their update (no persistent state)
+        self.store = TreeStore(features, leaf_size, eps, chunk_elements, refresh, feature_cache, tree_update)
         self.walk = TreeWalk(self.store, dense_factor)  # not a module (nor the scorer): they hold no tensors
         self.scorer = BucketScorer(features, self.store, self.walk)
         self.fixed = FixedDraws(self.store, self.scorer, scored_levels)
-        self.store.fixed_update.mode = tree_update
 
     def fixed_step(self, query: Tensor | None = None, phi: Tensor | None = None) -> FixedStep | None:
         """On the GPU paths, what a step's draws and log q share (``FixedStep``): for the queries (N, d) their
