@@ -28,10 +28,13 @@ def one_round(tree: Path, outputs: str, args: argparse.Namespace) -> dict[str, f
         out = Path(tmp) / "round.json"
         command = [sys.executable, "scripts/bench_train.py", "--experiment", args.experiment, "--isolate"]
         command += ["--threads", str(args.threads), "--rounds", "1", "--no-plain", "--steps", str(args.steps)]
-        command += ["--outputs", outputs, "--json", str(out)]
+        command += ["--outputs", outputs, "--json", str(out), "--warmup", str(args.warmup)]
+        command += [*(["--data", args.data] if args.data else []), *(f"--steps-for={s}" for s in args.steps_for)]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")])}
         subprocess.run(command, cwd=tree, env=env, check=True, stdout=subprocess.DEVNULL)
-        return json.loads(out.read_text())["tokens_per_sec"]
+        record = json.loads(out.read_text())
+        corpora = record.get("corpora")  # one --data corpus: its table is the record's own
+        return record["tokens_per_sec"] if corpora is None else next(iter(corpora.values()))["tokens_per_sec"]
 
 
 def git_head(tree: Path) -> str:
@@ -45,6 +48,9 @@ def main() -> None:
     parser.add_argument("--outputs", default="full,unigram,rff,rff:++output.shared_negatives=true")
     parser.add_argument("--experiment", default="none")
     parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--data", help="one corpus, as bench_train.py's --data (ptb, zipf:N); default its own")
+    parser.add_argument("--steps-for", action="append", default=[], help="as bench_train.py's (repeatable)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path)
@@ -70,6 +76,7 @@ def main() -> None:
             "threads": args.threads,
             "steps": args.steps,
             "experiment": args.experiment,
+            "data": args.data,
             "rounds": rounds,
             "median_tokens_per_sec": median,
             "new_over_old": ratio,

@@ -123,7 +123,7 @@ def ptb_cells(kind: str, n: int, repeats: int, warmup: int) -> dict[str, Any]:
     sample, step, update, changed = [], [], [], []
     for _ in range(warmup + repeats):
         if query is not None:
-            sample.append(timed(lambda: output.sampler.sample(query, m)))
+            sample.append(timed(lambda: output.sampler.propose(query).draw(m)))
         step.append(timed(sgd_step))
         if output.sparse_parameters():
             changed.append(output.weight.grad.coalesce().indices().shape[1])

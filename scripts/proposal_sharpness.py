@@ -59,7 +59,7 @@ def main() -> None:
         for name, share in (("rff", 0.0), ("rff_unigram", args.unigram_share)):
             sampler = RFFSampler(D=args.D, nu=nu, seed=0, unigram_share=share, counts=datamodule.counts)
             sampler.update(output.weight)
-            row[name] = kl(log_p, sampler.log_q_all(query, output.num_classes).double())
+            row[name] = kl(log_p, sampler.propose(query).log_q_all(output.num_classes).double())
         rows.append(row)
         print(f"| {nu:g} | {row['exact']:.3f} | {row['rff']:.3f} | {row['rff_unigram']:.3f} |")
     if args.json:

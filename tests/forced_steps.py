@@ -1,9 +1,9 @@
-"""Two training steps of a small model with the same windows and the same forced negatives, so that two code paths
-(the CPU and GPU paths, or two devices) can be compared on everything but the random draw.
+"""Two training steps of a small model with the same windows and the same forced negatives, so that two forms (a
+GPU's and a CPU's: the kernel tree's backends, adaptive's loss) or two devices can be compared on everything but the
+random draw.
 
-The sampled strategies draw from the device's random generator, and the two paths draw differently (the GPU
-paths draw the ids alone and look their log q up afterwards), so ``force_draws`` fixes the ids on both: each path
-scores them and computes their log q with its own proposal.
+The sampled strategies draw from the device's random generator, and the two backends draw differently, so
+``force_draws`` fixes the ids on both: each scores them and computes their log q with its own proposal.
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from __future__ import annotations
 import torch
 from omegaconf import DictConfig
 
-from lmtrain.common.execution import Execution, set_execution
 from lmtrain.config import compose_config
-from lmtrain.output.sampled.base import SampledOutput
+from lmtrain.output.sampled.base import Drawn, SampledOutput
 from lmtrain.sampler.proposal import Proposal
 from lmtrain.tools.launches import synthetic_counts
+from lmtrain.tools.step_fixture import as_on_a_cpu, as_on_a_gpu
 from lmtrain.training.build import build_module
 from lmtrain.training.module import LanguageModel
 from lmtrain.training.step import train_step
@@ -33,37 +33,41 @@ def config(output: str, extra: str) -> DictConfig:
     return compose_config([*SMALL, f"output={output}", *samples, *([extra] if extra else [])])
 
 
-def built(cfg: DictConfig, device: str, execution: Execution) -> LanguageModel:
-    """The model of ``cfg``, the same weights on every call (seeded), on ``device``, taking ``execution``'s paths
-    (set explicitly: ``auto`` would pick the GPU paths for a CPU model whenever a GPU is present)."""
+def built(cfg: DictConfig, device: str, gpu_forms: bool) -> LanguageModel:
+    """The model of ``cfg``, the same weights on every call (seeded), on ``device``, taking a GPU's forms or a CPU's
+    (set explicitly: the device alone would choose them)."""
     torch.manual_seed(0)
     counts = synthetic_counts(VOCAB)
     stream = torch.multinomial(counts.double(), 5_000, replacement=True, generator=torch.Generator().manual_seed(1))
     module = build_module(cfg, VOCAB, counts, stream).to(device)
-    set_execution(module, execution)
+    (as_on_a_gpu if gpu_forms else as_on_a_cpu)(module)
     return module
 
 
 def force_draws(layer: SampledOutput, ids: torch.Tensor) -> None:
-    """``layer`` draws ``ids`` as its negatives, with their log q under its own step's proposal, on either path:
-    ``draw`` (ids and log q) and ``negative_ids`` (the ids alone, the GPU paths' per-position draw)."""
+    """``layer`` draws ``ids`` as its negatives, with their log q and the targets' under its own step's proposal."""
+    propose = layer.propose
+    targets: dict[str, torch.Tensor | None] = {}
 
-    def draw(hidden: torch.Tensor, inputs: torch.Tensor | None = None, proposal: Proposal | None = None):
-        proposal = layer.propose(layer.query(hidden), inputs) if proposal is None else proposal
-        forced = ids.to(hidden.device)
-        return forced, proposal.log_q(forced), None
+    def proposal_with_targets(query: torch.Tensor, inputs=None, target=None) -> Proposal:
+        targets["step"] = target
+        return propose(query, inputs, target)
 
-    # instance attributes: scored_draw and joint_draw call them in place of the methods
-    layer.draw = draw
-    layer.negative_ids = lambda proposal, positions: ids.to(layer.weight.device)
+    def draw(proposal: Proposal) -> Drawn:
+        forced, target = ids.to(layer.weight.device), targets["step"]
+        target_log_q = None if target is None else proposal.log_q(target.view(-1, 1))  # None: the loss reads none
+        return Drawn(forced, proposal.log_q(forced), target_log_q, None)
+
+    # instance attributes: ``negatives`` calls them in place of the methods
+    layer.propose, layer.draw = proposal_with_targets, draw
 
 
-def two_steps(cfg: DictConfig, device: str, execution: Execution) -> tuple[list[float], dict[str, torch.Tensor]]:
+def two_steps(cfg: DictConfig, device: str, gpu_forms: bool) -> tuple[list[float], dict[str, torch.Tensor]]:
     """The losses of two steps (forward, backward, clipping, SGD, the after-step hook, e.g. a kernel tree's
     update) on fixed windows and negatives, and every weight after them (on the CPU)."""
     gen = torch.Generator().manual_seed(2)
     windows = torch.randint(VOCAB, (2, BATCH[0], BATCH[1] + 1), generator=gen)
-    module = built(cfg, device, execution)
+    module = built(cfg, device, gpu_forms)
     if isinstance(module.output, SampledOutput):
         shape = (M,) if module.output.shared_negatives else (BATCH[0] * BATCH[1], M)
         force_draws(module.output, torch.randint(VOCAB, shape, generator=torch.Generator().manual_seed(3)))

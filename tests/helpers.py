@@ -1,11 +1,15 @@
-"""Test-only Lightning callbacks, referenced from configs by `_target_`."""
+"""Test helpers: Lightning callbacks referenced from configs by `_target_`, and the proposal protocol in short."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
 import torch
+
+from lmtrain.sampler.base import Sampler
+from lmtrain.sampler.proposal import Draws, Proposal
 
 
 class SimulatedCrash(RuntimeError):
@@ -130,3 +134,61 @@ class CountStepSyncs(L.Callback):
         """Syncs of every step that neither validated nor checkpointed, by step index."""
         counts = [b - a for a, b in zip(self.marks, self.marks[1:], strict=False)]
         return {step: n for step, n in enumerate(counts) if step not in self.busy}
+
+
+def draw_negatives(
+    layer: Any, hidden: torch.Tensor, inputs: torch.Tensor | None = None, target: torch.Tensor | None = None
+):
+    """(ids, log q, tries) of a sampled output's draw for ``hidden`` (N, d), as a training step draws them."""
+    drawn = layer.draw(layer.propose(layer.query(hidden), inputs, target))
+    return drawn.ids, drawn.log_q, drawn.tries
+
+
+def sample_from(sampler: Any, query: torch.Tensor | None, num_samples: int, inputs: torch.Tensor | None = None):
+    """(ids, log q) of ``num_samples`` draws from ``sampler``'s proposal for this context."""
+    drawn = sampler.propose(query, inputs).draw(num_samples)
+    return drawn.ids, drawn.log_q
+
+
+def log_q_from(sampler: Any, query: torch.Tensor | None, ids: torch.Tensor, inputs: torch.Tensor | None = None):
+    """log q of ``ids`` under ``sampler``'s proposal for this context."""
+    return sampler.propose(query, inputs).log_q(ids)
+
+
+def log_q_all_from(sampler: Any, query: torch.Tensor, num_classes: int, inputs: torch.Tensor | None = None):
+    """log q of every class at every position, (N, n), under ``sampler``'s proposal for this context."""
+    return sampler.propose(query, inputs).log_q_all(num_classes)
+
+
+class RelabeledLogQ(Sampler):
+    """``inner``'s draws with their log q (and the targets') passed through ``relabel(ids, log_q)``: a deliberately
+    wrong correction, for tests that must detect one."""
+
+    def __init__(self, inner: Sampler, relabel: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.inner, self.relabel = inner, relabel
+        self.shared = inner.shared
+
+    def share_negatives(self, shared: bool) -> None:
+        self.inner.share_negatives(shared)
+        self.shared = self.inner.shared
+
+    def propose(self, query: Any, inputs: Any = None, targets: Any = None) -> Proposal:
+        return RelabeledProposal(self.inner.propose(query, inputs, targets), self.relabel, targets)
+
+
+class RelabeledProposal(Proposal):
+    """``RelabeledLogQ``'s proposal of one step."""
+
+    def __init__(self, inner: Proposal, relabel: Callable, targets: torch.Tensor | None) -> None:
+        self.inner, self.relabel, self.targets = inner, relabel, targets
+        self.shared, self.positions = inner.shared, inner.positions
+
+    def draw(self, num_samples: int) -> Draws:
+        ids, log_q, target_log_q, joint_ids = self.inner.draw(num_samples)
+        if target_log_q is not None:
+            target_log_q = self.relabel(self.targets.view(-1, 1), target_log_q)
+        return Draws(ids, self.relabel(ids, log_q), target_log_q, joint_ids)
+
+    def log_q(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.relabel(ids, self.inner.log_q(ids))

@@ -1,17 +1,17 @@
-"""The adaptive softmax's GPU path (fixed shapes, no host sync): the CPU path's loss and gradients, the same state."""
+"""The adaptive softmax's fixed-shape loss (a GPU's: no host sync): torch's module's loss and gradients, the same
+state."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from lmtrain.common.execution import set_execution
 from lmtrain.output import AdaptiveSoftmax
 from lmtrain.tools.launches import DispatchCounter
 
 
 def loss_and_grads(output: AdaptiveSoftmax, hidden: torch.Tensor, target: torch.Tensor, gpu: bool):
-    set_execution(output, "gpu" if gpu else "cpu")
+    output.fixed_shapes = gpu
     hidden = hidden.clone().requires_grad_(True)
     output.zero_grad(set_to_none=True)
     loss = output.loss(hidden, target)
@@ -45,7 +45,7 @@ def test_the_gpu_path_does_not_sync_and_keeps_the_state_and_the_evaluation():
     hidden, target = torch.randn(64, 32), torch.randint(1000, (64,))
     log_p = output.log_prob(hidden, target)
     keys = set(output.state_dict())
-    set_execution(output, "gpu")
+    output.fixed_shapes = True
     with DispatchCounter() as counter:
         output.loss(hidden, target).backward()
     assert counter.counts.syncs == 0, dict(counter.counts.sync_ops)

@@ -15,6 +15,7 @@ from lmtrain.sampler import BigramSampler
 from lmtrain.tools.launches import DispatchCounter
 from lmtrain.training.build import build_output
 from tests.conftest import make_config
+from tests.helpers import draw_negatives, log_q_from, sample_from
 from tests.test_samplers import chi_square, chi_square_critical
 
 N = 30
@@ -43,7 +44,7 @@ def brute_force_q(stream: torch.Tensor, weight: float, smoothing: float = 1.0) -
 
 
 def all_log_q(sampler: BigramSampler) -> torch.Tensor:
-    return sampler.log_q(None, torch.arange(N), inputs=torch.arange(N))  # (N, N): row p is q(. | p)
+    return log_q_from(sampler, None, torch.arange(N), inputs=torch.arange(N))  # (N, N): row p is q(. | p)
 
 
 def test_log_q_matches_brute_force_counts_and_sums_to_one():
@@ -53,7 +54,7 @@ def test_log_q_matches_brute_force_counts_and_sums_to_one():
     torch.testing.assert_close(log_q.double().exp().sum(1), torch.ones(N, dtype=torch.float64))
     torch.testing.assert_close(log_q.double(), brute_force_q(stream, 0.2).log(), atol=1e-6, rtol=0)
     ids = torch.randint(N, (N, 7))  # any ids, per position
-    torch.testing.assert_close(sampler.log_q(None, ids, inputs=torch.arange(N)), log_q.gather(1, ids))
+    torch.testing.assert_close(log_q_from(sampler, None, ids, inputs=torch.arange(N)), log_q.gather(1, ids))
 
 
 def test_draws_follow_log_q_per_previous_token():
@@ -61,7 +62,7 @@ def test_draws_follow_log_q_per_previous_token():
     log_q = all_log_q(sampler)
     prev = torch.tensor([0, 3, 7, LAST, UNSEEN])
     torch.manual_seed(0)
-    ids, drawn_log_q = sampler.sample(None, 100_000, inputs=prev)
+    ids, drawn_log_q = sample_from(sampler, None, 100_000, inputs=prev)
     assert ids.shape == drawn_log_q.shape == (prev.numel(), 100_000) and ids.dtype == torch.long
     torch.testing.assert_close(drawn_log_q, log_q[prev].gather(1, ids))
     for row, p in enumerate(prev.tolist()):
@@ -71,7 +72,7 @@ def test_draws_follow_log_q_per_previous_token():
 
 def test_token_without_successors_uses_the_unigram():
     sampler = BigramSampler(N, markov_stream(), unigram_weight=0.2)
-    unigram = sampler.unigram.log_q(None, torch.arange(N))
+    unigram = log_q_from(sampler.unigram, None, torch.arange(N))
     log_q = all_log_q(sampler)
     torch.testing.assert_close(log_q[LAST], unigram)
     torch.testing.assert_close(log_q[UNSEEN], unigram)
@@ -92,17 +93,17 @@ def make_layer(cls: type = SampledSoftmax, weight: float = 0.05, **options: obje
 def test_sampled_softmax_draws_from_each_positions_previous_token():
     layer = make_layer()
     inputs = torch.randint(N, (64,))
-    ids, log_q, tries = layer.draw(torch.randn(64, 8), inputs)
+    ids, log_q, tries = draw_negatives(layer, torch.randn(64, 8), inputs)
     assert ids.shape == log_q.shape == (64, 20) and tries is None
     assert (ids == (inputs[:, None] + 1) % N).double().mean() > 0.9  # w = 0.05: mostly the successor
-    torch.testing.assert_close(log_q, layer.sampler.log_q(None, ids, inputs=inputs))
+    torch.testing.assert_close(log_q, log_q_from(layer.sampler, None, ids, inputs=inputs))
 
 
 def test_sampled_softmax_loss_is_the_exact_estimator_with_q_of_each_position():
     layer = make_layer(weight=0.5)
     hidden, target, inputs = torch.randn(32, 8), torch.randint(N, (32,)), torch.randint(N, (32,))
     torch.manual_seed(7)
-    ids, _, _ = layer.draw(hidden, inputs)
+    ids, _, _ = draw_negatives(layer, hidden, inputs)
     torch.manual_seed(7)
     loss = layer.loss(hidden, target, inputs=inputs)
     q = brute_force_q(successor_stream(), 0.5)[inputs]  # (32, N) the proposal of each position
@@ -121,7 +122,7 @@ def test_nce_corrects_target_and_noise_with_q_of_each_position():
     layer = make_layer(NCE, weight=0.5)
     hidden, target, inputs = torch.randn(32, 8), torch.randint(N, (32,)), torch.randint(N, (32,))
     torch.manual_seed(3)
-    ids, _, _ = layer.draw(hidden, inputs)
+    ids, _, _ = draw_negatives(layer, hidden, inputs)
     torch.manual_seed(3)
     loss = layer.loss(hidden, target, inputs=inputs)
     q = brute_force_q(successor_stream(), 0.5)[inputs]  # (32, N)
@@ -136,9 +137,9 @@ def test_missing_inputs_and_bad_options_raise_clear_errors():
     with pytest.raises(ValueError, match="pass `inputs`"):
         layer.loss(torch.randn(4, 8), torch.zeros(4, dtype=torch.long))
     with pytest.raises(ValueError, match="pass `inputs`"):
-        layer.sampler.sample(None, 5)
-    with pytest.raises(ValueError, match="3 tokens but hidden has 4"):
-        layer.sampler.sample(torch.randn(4, 9), 5, inputs=torch.zeros(3, dtype=torch.long))
+        sample_from(layer.sampler, None, 5)
+    with pytest.raises(ValueError, match="3 tokens but the query has 4"):
+        sample_from(layer.sampler, torch.randn(4, 9), 5, inputs=torch.zeros(3, dtype=torch.long))
     with pytest.raises(ValueError, match="needs the training token ids"):
         BigramSampler(N)
     with pytest.raises(ValueError, match="unigram_weight must be in"):
@@ -153,9 +154,9 @@ def test_million_classes_use_int64_keys():
     stream = torch.randint(n - 1000, n, (20_000,), generator=gen)  # ids near n: keys p * n + j exceed 2^31
     sampler = BigramSampler(n, stream, unigram_weight=0.1)
     prev = stream[:3]
-    log_q = sampler.log_q(None, torch.arange(n), inputs=prev)  # (3, n)
+    log_q = log_q_from(sampler, None, torch.arange(n), inputs=prev)  # (3, n)
     assert log_q.double().exp().sum(1).sub(1).abs().max() < 1e-4
-    ids, drawn = sampler.sample(None, 1000, inputs=prev)
+    ids, drawn = sample_from(sampler, None, 1000, inputs=prev)
     torch.testing.assert_close(drawn, log_q.gather(1, ids))
     successors = stream[1:][stream[:-1] == prev[0]]
     assert torch.isin(ids[0], successors).double().mean() > 0.8  # w = 0.1: mostly a training successor
@@ -166,7 +167,7 @@ def test_config_builds_it_with_the_training_ids_and_keeps_tables_out_of_checkpoi
     counts = torch.bincount(stream, minlength=N)
     cfg = make_config(["~data", "output=bigram", "output.num_samples=10", "sampler.unigram_weight=0.3"])
     output = build_output(cfg, N, 8, counts, stream)
-    assert isinstance(output.sampler, BigramSampler) and output.sampler.per_example
+    assert isinstance(output.sampler, BigramSampler) and not output.sampler.shared
     assert output.num_samples == 10 and output.sampler.unigram_weight == 0.3
     assert list(output.state_dict()) == ["weight"]  # derived tables are rebuilt from the training ids
     with pytest.raises((ValueError, InstantiationException), match="needs the training token ids"):
@@ -181,7 +182,7 @@ def test_option_bounds_are_inclusive_where_q_stays_positive():
     """w = 1 (the unigram alone) and n = 2 are valid; w > 1, w = 0 and n < 2 are refused with the key's name."""
     pure_unigram = BigramSampler(N, successor_stream(), unigram_weight=1.0)
     torch.testing.assert_close(
-        pure_unigram.log_q(None, torch.arange(N), inputs=torch.tensor([0, 3])).exp(),
+        log_q_from(pure_unigram, None, torch.arange(N), inputs=torch.tensor([0, 3])).exp(),
         pure_unigram.unigram.log_probs.exp().expand(2, N),
     )
     BigramSampler(2, torch.tensor([0, 1, 1, 0]))
@@ -197,18 +198,16 @@ def test_option_bounds_are_inclusive_where_q_stays_positive():
 
 
 def test_the_targets_log_q_comes_with_the_draws_from_one_lookup():
-    """A step's proposal given its targets (``expect``) looks their log q up with the draws' (one binary search for
-    both); both equal the sampler's own log q, and the draws are the ones drawn without the targets."""
+    """A step's proposal given its targets looks their log q up with the draws' (one binary search for both); both
+    equal the sampler's own log q, and the draws are the ones drawn without the targets."""
     sampler = BigramSampler(N, markov_stream(), unigram_weight=0.2)
-    prev, target = torch.randint(N, (40,)), torch.randint(N, (40, 1))
+    prev, target = torch.randint(N, (40,)), torch.randint(N, (40,))
     torch.manual_seed(5)
-    plain_ids, plain_log_q = sampler.propose(None, prev).sample(9)
-    proposal = sampler.propose(None, prev)
-    proposal.expect(target)
+    plain_ids, plain_log_q, _, _ = sampler.propose(None, prev).draw(9)
+    proposal = sampler.propose(None, prev, target)
     torch.manual_seed(5)
     with DispatchCounter() as counter:
-        ids, log_q = proposal.sample(9)
-        target_log_q = proposal.log_q(target)
+        ids, log_q, target_log_q, _ = proposal.draw(9)
     assert counter.counts.by_op["searchsorted"] == 1
     assert torch.equal(ids, plain_ids) and torch.equal(log_q, plain_log_q)
-    torch.testing.assert_close(target_log_q, sampler.log_q(None, target, inputs=prev), rtol=0, atol=0)
+    torch.testing.assert_close(target_log_q, log_q_from(sampler, None, target[:, None], inputs=prev), rtol=0, atol=0)

@@ -90,7 +90,7 @@ def test_config_tree_ships_as_package_data():
     ("args", "expected"),
     [
         (["output=rff", "sampler.unigram_shar=0.1"], r"sampler\.unigram_shar is not an option of any sampler; did you"),
-        (["output=rff", "sampler.zzz=1"], r"sampler\.zzz .*the options: D, eps, feature_cache, leaf_size, nu"),
+        (["output=rff", "sampler.zzz=1"], r"sampler\.zzz .*the options: D, backend, eps, feature_cache, leaf_size, nu"),
         (["sampler.nuu=1"], r"sampler\.nuu is not an option of output=full; no sampler takes it"),
     ],
 )

@@ -13,12 +13,12 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from lmtrain.common.execution import Execution
 from lmtrain.config import compose_config
 from lmtrain.output.sampled.base import SampledOutput
 from lmtrain.tools.launches import synthetic_counts
 from lmtrain.training.build import build_output
 from tests.forced_steps import CASE_IDS, CASES, assert_same_steps, config, two_steps
+from tests.helpers import draw_negatives, sample_from
 
 pytestmark = pytest.mark.cuda
 
@@ -37,7 +37,7 @@ def test_two_training_steps_on_cuda_equal_the_cpu_steps(output, extra, exact_flo
     """Two steps of the GPU paths on CUDA against the CPU paths on the CPU (what a seeded CPU run computes), on the
     same windows and negatives: the losses agree to float32 rounding, and so do the weights after them."""
     cfg = config(output, extra)
-    assert_same_steps(two_steps(cfg, "cuda", Execution.gpu), two_steps(cfg, "cpu", Execution.cpu))
+    assert_same_steps(two_steps(cfg, "cuda", gpu_forms=True), two_steps(cfg, "cpu", gpu_forms=False))
 
 
 def kernel_layer(output: str, shared: bool, device: str) -> SampledOutput:
@@ -55,13 +55,13 @@ def test_kernel_draws_on_cuda_come_with_the_cpu_log_q_and_follow_it(output, shar
     walk gives about 0.015; a walk that ignored the kernel, uniform over 60 classes, is 0.3 or more away)."""
     cpu, gpu = kernel_layer(output, shared, "cpu"), kernel_layer(output, shared, "cuda")
     hidden = 2 * torch.randn(12, 8, generator=torch.Generator().manual_seed(4))
-    ids, log_q, _ = gpu.draw(hidden.cuda())
+    ids, log_q, _ = draw_negatives(gpu, hidden.cuda())
     assert ids.device.type == "cuda" and ids.shape == ((cpu.num_samples,) if shared else (12, cpu.num_samples))
     expected = cpu.propose(cpu.query(hidden)).log_q(ids.cpu())
     torch.testing.assert_close(log_q.cpu(), expected, rtol=1e-5, atol=1e-5)
 
     one = hidden[:1]
-    drawn, _ = gpu.sampler.sample(gpu.query(one.cuda()), 40_000)
+    drawn, _ = sample_from(gpu.sampler, gpu.query(one.cuda()), 40_000)
     counts = torch.bincount(drawn.reshape(-1).cpu(), minlength=60).double()
     q = cpu.propose(cpu.query(one)).log_q(torch.arange(60).unsqueeze(0) if not shared else torch.arange(60))
     distance = 0.5 * (counts / counts.sum() - q.reshape(-1).double().exp()).abs().sum()

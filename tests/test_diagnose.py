@@ -13,6 +13,7 @@ from lmtrain.sampler import SoftmaxSampler, UniformSampler
 from lmtrain.tools.diagnose import main as diagnose_main
 from lmtrain.tools.estimator_bias import all_logits, gradient_bias, hidden_spread, proposal_kl
 from lmtrain.training.run import train
+from tests.helpers import log_q_all_from
 
 
 def peaked_model(sampler_cls: type, n: int = 40, d: int = 8, positions: int = 30) -> tuple[SampledSoftmax, ...]:
@@ -70,12 +71,12 @@ def test_proposal_kl_closed_forms():
     output, hidden, target = peaked_model(UniformSampler)
     log_p = torch.log_softmax(all_logits(output, hidden).detach(), 1)
     query = output.query(hidden)
-    uniform = proposal_kl(log_p, output.sampler.log_q_all(query, 40))
+    uniform = proposal_kl(log_p, log_q_all_from(output.sampler, query, 40))
     entropy = -(log_p.exp() * log_p).sum(1)
     torch.testing.assert_close(uniform, math.log(40) - entropy)
     softmax = SoftmaxSampler(40)
     softmax.update(output.weight.detach())
-    assert proposal_kl(log_p, softmax.log_q_all(query, 40)).abs().max() < 1e-5
+    assert proposal_kl(log_p, log_q_all_from(softmax, query, 40)).abs().max() < 1e-5
 
 
 def test_diagnose_command_writes_table_json_and_plot(tiny_config, tmp_path, capsys):

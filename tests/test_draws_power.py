@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from lmtrain.sampler import BigramSampler, UnigramSampler
+from tests.helpers import log_q_from, sample_from
 from tests.power import ALPHA, P_MIN, POWER, REL_ERROR, chi_square_pvalue, draws_for, power_of
 from tests.test_bigram import markov_stream
 from tests.test_kernel_shared import queries
@@ -82,9 +83,9 @@ def test_unigram_alias_draws_follow_log_q():
     """The alias table of a Zipf unigram (power 0.75), where 8 classes hold >= 2% of the mass."""
     counts = (1000.0 / torch.arange(1, N_CLASSES + 1) ** 1.2).round().long()
     sampler = UnigramSampler(N_CLASSES, counts, power=0.75)
-    q = sampler.log_q(None, torch.arange(N_CLASSES)).double().exp().numpy()
+    q = log_q_from(sampler, None, torch.arange(N_CLASSES)).double().exp().numpy()
     torch.manual_seed(5)
-    ids, _ = sampler.sample(None, draws_for(N_CLASSES))
+    ids, _ = sample_from(sampler, None, draws_for(N_CLASSES))
     assert chi_square_pvalue(counts_of(ids, N_CLASSES), q) > ALPHA
 
 
@@ -94,7 +95,7 @@ def test_bigram_draws_follow_log_q(previous):
     n = 30
     sampler = BigramSampler(n, markov_stream(), unigram_weight=0.25)
     inputs = torch.tensor([previous])
-    q = sampler.log_q(None, torch.arange(n).view(1, n), inputs=inputs)[0].double().exp().numpy()
+    q = log_q_from(sampler, None, torch.arange(n).view(1, n), inputs=inputs)[0].double().exp().numpy()
     torch.manual_seed(6)
-    ids, _ = sampler.sample(None, draws_for(n), inputs=inputs)
+    ids, _ = sample_from(sampler, None, draws_for(n), inputs=inputs)
     assert chi_square_pvalue(counts_of(ids, n), q) > ALPHA

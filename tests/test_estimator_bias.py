@@ -46,6 +46,7 @@ from torch import Tensor
 
 from lmtrain.output import SampledSoftmax
 from lmtrain.sampler import Sampler, UnigramSampler
+from tests.helpers import RelabeledLogQ, log_q_from
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -67,7 +68,7 @@ class Problem:
 def problem() -> Problem:
     counts = (1000.0 / torch.arange(1, N_CLASSES + 1)).round().long()
     sampler = UnigramSampler(N_CLASSES, counts)
-    log_q = sampler.log_q(None, torch.arange(N_CLASSES)).double()
+    log_q = log_q_from(sampler, None, torch.arange(N_CLASSES)).double()
     gen = torch.Generator().manual_seed(0)
     logits = -0.8 * log_q + 0.5 * torch.randn(N_CLASSES, generator=gen, dtype=torch.float64)
     p = torch.softmax(logits, 0)
@@ -77,20 +78,13 @@ def problem() -> Problem:
     return Problem(sampler, logits, target, p - one_hot, doubled)
 
 
-class LogQDropped(Sampler):
+class LogQDropped(RelabeledLogQ):
     """Draws from ``inner`` but reports log q = -ln n for every id: with it the module's correction no longer
     divides by the proposal, the deliberately wrong estimator."""
 
     def __init__(self, inner: Sampler, num_classes: int) -> None:
-        super().__init__()
-        self.inner, self.constant = inner, -math.log(num_classes)
-
-    def sample(self, hidden: Tensor | None, num_samples: int, inputs: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        ids, _ = self.inner.sample(hidden, num_samples, inputs)
-        return ids, torch.full(ids.shape, self.constant)
-
-    def log_q(self, hidden: Tensor | None, ids: Tensor, inputs: Tensor | None = None) -> Tensor:
-        return torch.full(ids.shape, self.constant)
+        constant = -math.log(num_classes)
+        super().__init__(inner, lambda ids, log_q: torch.full(ids.shape, constant, dtype=log_q.dtype))
 
 
 @dataclass

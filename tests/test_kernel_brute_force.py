@@ -21,6 +21,7 @@ import torch
 
 from lmtrain.sampler import QuadraticSampler, RFFSampler
 from lmtrain.sampler.kernel import QuadraticFeatures, RandomFourierFeatures
+from tests.helpers import log_q_all_from, log_q_from, sample_from
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -76,22 +77,24 @@ def assert_sampler_gives(sampler, query: torch.Tensor, expected: torch.Tensor) -
     training uses), equals ``expected`` ((N, n) per example or (n,) batch-shared), and the log q returned with draws
     is that of the ids drawn."""
     n = expected.shape[-1]
-    if sampler.per_example:
-        got = sampler.log_q(query, every_class(query.shape[0], n)).exp()
+    if not sampler.shared:
+        got = log_q_from(sampler, query, every_class(query.shape[0], n)).exp()
     else:
-        got = sampler.log_q(query, torch.arange(n)).exp()
+        got = log_q_from(sampler, query, torch.arange(n)).exp()
     torch.testing.assert_close(got, expected, rtol=0, atol=TOL)
     every = expected if expected.dim() == 2 else expected.expand(query.shape[0], n)
-    torch.testing.assert_close(sampler.log_q_all(query, n).exp(), every, rtol=0, atol=TOL)
+    torch.testing.assert_close(log_q_all_from(sampler, query, n).exp(), every, rtol=0, atol=TOL)
     torch.manual_seed(0)
-    ids, log_q = sampler.sample(query, 50)
+    ids, log_q = sample_from(sampler, query, 50)
     torch.testing.assert_close(log_q.exp(), expected.gather(-1, ids), rtol=0, atol=TOL)
-    proposal = sampler.propose(query)
-    all_ids = every_class(query.shape[0], n) if proposal.per_example else torch.arange(n)
+    targets = torch.randint(n, (query.shape[0],))
+    proposal = sampler.propose(query, None, targets)
+    all_ids = torch.arange(n) if proposal.shared else every_class(query.shape[0], n)
     torch.testing.assert_close(proposal.log_q(all_ids).exp(), expected, rtol=0, atol=TOL)
-    ids, log_q = proposal.sample(50)
+    ids, log_q, target_log_q, _ = proposal.draw(50)
     torch.testing.assert_close(log_q.exp(), expected.gather(-1, ids), rtol=0, atol=TOL)
-    torch.testing.assert_close(proposal.log_q(ids), log_q, rtol=0, atol=TOL)  # the targets' log q, same q
+    torch.testing.assert_close(proposal.log_q(ids), log_q, rtol=0, atol=TOL)
+    torch.testing.assert_close(target_log_q.exp(), every.gather(1, targets[:, None]), rtol=0, atol=TOL)
 
 
 @pytest.mark.parametrize("leaf_size", [1, 3, 8, None])
@@ -113,7 +116,7 @@ def test_quadratic_batch_shared_is_the_mixture_of_the_normalized_kernels(leaf_si
     sampler = QuadraticSampler(alpha=alpha, leaf_size=leaf_size)
     sampler.share_negatives(True)
     sampler.update(weight)
-    assert not sampler.per_example
+    assert sampler.shared
     for seed in (4, 5):  # a second batch on the same tree: nothing of the first batch's mixture may be reused
         query = queries(7, d, seed=seed)
         assert_sampler_gives(sampler, query, normalized(quadratic_kernel(query, weight, alpha)).mean(0))
@@ -183,10 +186,10 @@ def test_unigram_share_mixes_the_kernel_with_the_unigram():
     sampler = QuadraticSampler(alpha=alpha, unigram_share=0.25, num_classes=n, counts=counts)
     sampler.update(weight)
     torch.manual_seed(1)
-    sampler.sample(query, m)  # sets s' = round(0.25 * 8) / 8 = 0.25
+    sample_from(sampler, query, m)  # sets s' = round(0.25 * 8) / 8 = 0.25
     u = (counts.double() + 1) / (counts.double() + 1).sum()
     expected = 0.75 * normalized(quadratic_kernel(query, weight, alpha)) + 0.25 * u
-    torch.testing.assert_close(sampler.log_q(query, every_class(3, n)).exp(), expected, rtol=0, atol=TOL)
+    torch.testing.assert_close(log_q_from(sampler, query, every_class(3, n)).exp(), expected, rtol=0, atol=TOL)
 
 
 def test_rff_estimate_converges_to_the_true_kernel():

@@ -14,6 +14,7 @@ from lmtrain.sampler.kernel import KernelTree, RandomFourierFeatures
 from lmtrain.training.build import build_output
 from lmtrain.training.optim import build_optimizer
 from tests.conftest import make_config
+from tests.helpers import draw_negatives
 from tests.test_kernel_outputs import assert_tree_matches_weights
 from tests.test_kernel_tree import PATHS, augmented, make_tree
 
@@ -108,15 +109,16 @@ def test_loss_equals_the_exact_estimator_with_proposal_q_bar(kind, remove_hits):
     if kind == "quadratic":
         layer.weight.data[:, -1].uniform_(-0.5, 0.5)
         layer.sampler.update(layer.weight.detach())
-    assert not layer.sampler.per_example
+    assert layer.sampler.shared
     hidden, target = torch.randn(count, d), torch.randint(0, n, (count,))
     query = layer.query(hidden)
     torch.manual_seed(1)
-    ids, log_q, _ = layer.draw(hidden)
+    ids, log_q, _ = draw_negatives(layer, hidden)
     assert ids.shape == log_q.shape == (m,)  # one set of m for the batch
     log_q_bar = layer.sampler.tree.log_q_all_mixture(layer.sampler.tree.mixture(query))  # (n,)
     torch.testing.assert_close(log_q, log_q_bar[ids])
-    torch.testing.assert_close(layer.target_log_q(query, target), log_q_bar[target].unsqueeze(1))
+    target_log_q = layer.propose(query, None, target).draw(m).target_log_q
+    torch.testing.assert_close(target_log_q, log_q_bar[target].unsqueeze(1))
     torch.manual_seed(1)
     loss = layer.loss(hidden, target)
 
@@ -144,7 +146,7 @@ def test_a_shared_step_touches_targets_and_m_rows_and_the_tree_stays_current(kin
         hidden, target = torch.randn(count, d, generator=gen), torch.randint(0, n, (count,), generator=gen)
         optimizer.zero_grad()
         state = torch.get_rng_state()
-        ids, _, _ = layer.draw(hidden)
+        ids, _, _ = draw_negatives(layer, hidden)
         torch.set_rng_state(state)  # the loss draws the same ids
         layer.loss(hidden, target).backward()
         touched = set(layer.weight.grad.coalesce().indices()[0].tolist())
@@ -158,7 +160,7 @@ def test_unique_draws_work_with_a_shared_kernel_proposal():
     torch.manual_seed(4)
     layer = shared_layer("quadratic", 50, 5, 10, unique=True)
     hidden = torch.randn(7, 5)
-    ids, log_q, tries = layer.draw(hidden)
+    ids, log_q, tries = draw_negatives(layer, hidden)
     assert ids.unique().numel() == 10 and tries >= 10
     log_q_bar = layer.sampler.tree.log_q_all_mixture(layer.sampler.tree.mixture(layer.query(hidden)))
     torch.testing.assert_close(log_q, log_q_bar[ids])
@@ -166,13 +168,13 @@ def test_unique_draws_work_with_a_shared_kernel_proposal():
 
 
 @pytest.mark.parametrize("name", ["quadratic", "rff"])
-def test_configs_default_to_per_example_and_switch_to_shared(name):
+def test_configs_default_to_per_position_and_switch_to_shared(name):
     counts = torch.arange(200, 0, -1)
     output = build_output(make_config(["~data", f"output={name}"]), 200, 8, counts)
-    assert output.sampler.per_example and output.shared_negatives is False
+    assert not output.sampler.shared and output.shared_negatives is False
     output = build_output(make_config(["~data", f"output={name}", "output.shared_negatives=true"]), 200, 8, counts)
-    assert not output.sampler.per_example and output.shared_negatives is True
-    ids, log_q, _ = output.draw(torch.randn(5, 8))
+    assert output.sampler.shared and output.shared_negatives is True
+    ids, log_q, _ = draw_negatives(output, torch.randn(5, 8))
     assert ids.shape == log_q.shape == (output.num_samples,)
 
 
@@ -184,7 +186,7 @@ def test_one_proposal_per_step_holds_the_batch_mixture():
     hidden = torch.randn(6, 5)
     proposal = sampler.propose(hidden)  # the step's proposal: its draws and its targets' log q-bar
     torch.testing.assert_close(proposal.psi, sampler.tree.mixture(hidden))
-    ids, log_q = proposal.sample(30)
+    ids, log_q, _, _ = proposal.draw(30)
     torch.testing.assert_close(log_q, proposal.log_q(ids))
     torch.testing.assert_close(proposal.log_q(ids), sampler.tree.log_q_mixture(proposal.psi, ids))
     weight[3] += 1.0

@@ -15,6 +15,7 @@ from lmtrain.sampler.kernel import (
     RandomFourierFeatures,
 )
 from lmtrain.sampler.options import KernelOptions
+from tests.helpers import sample_from
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -46,7 +47,7 @@ def make_tree(
     kw.setdefault("feature_cache", CACHE.get(kind, "auto"))
     tree = KernelTree(make_features(kind), leaf_size=leaf_size, dense_factor=PATHS[path], chunk_elements=chunk, **kw)
     if path.startswith("gpu"):
-        tree.use_gpu_paths(True)
+        tree.use_fixed_backend(True)
         if path != "gpu_whole":  # one query (a mixture's psi) walks too: no tree scored whole for it
             walked = GPU_WALKED_LEVELS[path]
             tree.fixed.walk.walked, tree.fixed.walk.scored, tree.fixed.walk.single_reads = walked, 0, 0
@@ -183,7 +184,7 @@ def test_sampler_logs_once_when_a_dense_optimizer_forces_rebuilds(caplog):
         sampler.update(weight)  # e.g. after a checkpoint load: nothing drawn since, not a dense step
         assert not caplog.records
         for _ in range(3):
-            sampler.sample(query, 5)
+            sample_from(sampler, query, 5)
             weight += 0.01
             sampler.update(weight)  # dense optimizer: rows=None every step
     assert len(caplog.records) == 1 and "rebuilt after every step" in caplog.records[0].getMessage()
@@ -199,7 +200,7 @@ def test_sampler_does_not_blame_the_optimizer_for_a_load_after_sparse_steps(capl
     with caplog.at_level("INFO", logger="lmtrain"):
         sampler.update(weight)
         for _ in range(3):
-            ids, _ = sampler.sample(query, 5)
+            ids, _ = sample_from(sampler, query, 5)
             weight[ids.reshape(-1)] += 0.01
             sampler.update(weight, ids.reshape(-1))  # sparse optimizer: the changed rows
         sampler.update(weight)  # the load

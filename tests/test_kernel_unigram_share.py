@@ -8,6 +8,7 @@ import torch
 from lmtrain.sampler import QuadraticSampler, RFFSampler
 from lmtrain.sampler.kernel import sampler as kernel_sampler
 from lmtrain.sampler.kernel import tree as kernel_tree
+from tests.helpers import log_q_all_from, log_q_from, sample_from
 from tests.test_kernel_shared import assert_draws_follow, queries
 from tests.test_kernel_tree import augmented
 
@@ -32,16 +33,16 @@ def test_per_example_draws_follow_the_mixture_and_log_q_matches(kind, walk, monk
         monkeypatch.setattr(kernel_sampler.KernelTree, "dense_draw_pays", lambda *args: False)
     sampler = make_sampler(kind, share=0.33)
     query = queries(2, DIM, seed=5)
-    ids, log_q = sampler.sample(query, 20)
+    ids, log_q = sample_from(sampler, query, 20)
     assert ids.shape == log_q.shape == (2, 20)
     assert sampler.unigram.share == pytest.approx(7 / 20)  # round(0.33 * 20) of the 20 draws come from u
-    torch.testing.assert_close(log_q, sampler.log_q(query, ids), rtol=1e-4, atol=1e-5)
-    everything = sampler.log_q_all(query, N_CLASSES).double().exp()  # (2, n)
+    torch.testing.assert_close(log_q, log_q_from(sampler, query, ids), rtol=1e-4, atol=1e-5)
+    everything = log_q_all_from(sampler, query, N_CLASSES).double().exp()  # (2, n)
     torch.testing.assert_close(everything.sum(1), torch.ones(2, dtype=torch.float64), rtol=1e-5, atol=1e-5)
-    kernel = make_sampler(kind, share=0.0).log_q_all(query, N_CLASSES).double().exp()  # the same kernel, no share
+    kernel = log_q_all_from(make_sampler(kind, share=0.0), query, N_CLASSES).double().exp()  # the same kernel, no share
     counts = torch.arange(N_CLASSES, 0, -1).double() ** 1.5 + 1  # the training counts, smoothed
     torch.testing.assert_close(everything, 0.65 * kernel + 0.35 * counts / counts.sum(), rtol=0, atol=1e-6)
-    draws = torch.cat([sampler.sample(query[:1], 20)[0].reshape(-1) for _ in range(1500)])  # stratified batches
+    draws = torch.cat([sample_from(sampler, query[:1], 20)[0].reshape(-1) for _ in range(1500)])  # stratified batches
     assert_draws_follow(draws, everything[0])
 
 
@@ -49,11 +50,11 @@ def test_per_example_draws_follow_the_mixture_and_log_q_matches(kind, walk, monk
 def test_batch_shared_draws_follow_the_mixture(kind):
     sampler = make_sampler(kind, share=0.25, shared=True)
     query = queries(3, DIM, seed=7)
-    ids, log_q = sampler.sample(query, 40)
+    ids, log_q = sample_from(sampler, query, 40)
     assert ids.shape == log_q.shape == (40,)
-    torch.testing.assert_close(log_q, sampler.log_q(query, ids), rtol=1e-4, atol=1e-5)
-    q = sampler.log_q_all(query, N_CLASSES)[0].double().exp()
-    draws = torch.cat([sampler.sample(query, 40)[0] for _ in range(800)])
+    torch.testing.assert_close(log_q, log_q_from(sampler, query, ids), rtol=1e-4, atol=1e-5)
+    q = log_q_all_from(sampler, query, N_CLASSES)[0].double().exp()
+    draws = torch.cat([sample_from(sampler, query, 40)[0] for _ in range(800)])
     assert_draws_follow(draws, q)
 
 
@@ -76,6 +77,6 @@ def test_unigram_share_zero_is_the_plain_kernel_and_bad_values_are_refused():
 def test_too_few_samples_for_a_unigram_draw_use_the_kernel_alone():
     sampler = make_sampler("rff", share=0.25)
     query = queries(3, DIM, seed=2)
-    ids, log_q = sampler.sample(query, 1)  # round(0.25 * 1) = 0 unigram draws
+    ids, log_q = sample_from(sampler, query, 1)  # round(0.25 * 1) = 0 unigram draws
     assert ids.shape == (3, 1) and sampler.unigram.share == 0.0
     torch.testing.assert_close(log_q, sampler.tree.log_q(query, ids), rtol=1e-4, atol=1e-5)

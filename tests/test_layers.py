@@ -21,7 +21,7 @@ ALLOWED = {
     "sampler": set(),
     "model": set(),
     "data": set(),
-    "common": set(),  # what every layer may use (the execution switch)
+    "common": set(),  # what every layer may use
 }
 
 

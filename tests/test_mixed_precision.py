@@ -16,6 +16,7 @@ from lmtrain.output.sampled.base import SampledOutput
 from lmtrain.sampler.kernel.sampler import KernelSampler
 from lmtrain.tools.trained import load_model
 from tests.conftest import DEVICES, TINY, make_config
+from tests.helpers import log_q_from, sample_from
 from tests.test_output_contract import DIM, NUM_CLASSES, OUTPUTS, build
 
 N = 48
@@ -87,12 +88,12 @@ def test_a_samplers_draws_and_log_q_stay_float32_under_autocast(output, device):
     hidden, target, previous = inputs(device, 1)
     sampler, context = layer.sampler, layer.query(hidden).detach()
     torch.manual_seed(3)
-    ids, log_q = sampler.sample(context, 6, inputs=previous)
-    exact = sampler.log_q(context, ids, inputs=previous)
+    ids, log_q = sample_from(sampler, context, 6, inputs=previous)
+    exact = log_q_from(sampler, context, ids, inputs=previous)
     with bf16(device):
         torch.manual_seed(3)
-        got_ids, got_log_q = sampler.sample(context, 6, inputs=previous)
-        again = sampler.log_q(context, ids, inputs=previous)
+        got_ids, got_log_q = sample_from(sampler, context, 6, inputs=previous)
+        again = log_q_from(sampler, context, ids, inputs=previous)
     assert got_log_q.dtype == again.dtype == torch.float32
     assert torch.equal(got_ids, ids)  # the same proposal, so the same draws
     torch.testing.assert_close(got_log_q, log_q, rtol=1e-6, atol=1e-6)  # before: rff 0.05, exp 0.02 nats apart

@@ -13,6 +13,7 @@ from lmtrain.config import CONF_DIR
 from lmtrain.output import NCE, NegativeSampling
 from lmtrain.sampler import SoftmaxSampler, UniformSampler, UnigramSampler
 from lmtrain.training.build import build_output
+from tests.helpers import draw_negatives, log_q_from
 
 N_CLASSES, DIM = 25, 6
 COUNTS = torch.arange(N_CLASSES, 0, -1) ** 2
@@ -37,7 +38,7 @@ def make(cls, sampler, **kwargs):
 
 def draw_then_loss(layer, hidden, target, seed: int = 4):
     torch.manual_seed(seed)
-    ids, log_q, _ = layer.draw(hidden)
+    ids, log_q, _ = draw_negatives(layer, hidden)
     torch.manual_seed(seed)
     return ids, log_q, layer.loss(hidden, target)
 
@@ -53,7 +54,7 @@ def test_nce_loss_matches_the_formula(shared, log_z):
     hidden, target = batch()
     ids, _, loss = draw_then_loss(layer, hidden, target)
     s = scores(layer, hidden)
-    log_q = sampler.log_q(None, torch.arange(N_CLASSES))
+    log_q = log_q_from(sampler, None, torch.arange(N_CLASSES))
     ids = ids.expand(hidden.shape[0], -1) if ids.dim() == 1 else ids  # (N, k)
     k, ln_z = 15, log_z or 0.0
     delta_t = s.gather(1, target[:, None]) - math.log(k) - log_q[target][:, None] - ln_z

@@ -31,6 +31,7 @@ from torch import Tensor
 
 from lmtrain.output import NCE
 from lmtrain.sampler import Sampler, UnigramSampler
+from tests.helpers import RelabeledLogQ, log_q_from
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -40,29 +41,18 @@ ALPHA, DELTA = 1e-4, 0.05
 Z_CRIT = float(student_t.isf(ALPHA / (2 * N_CLASSES), BATCHES - 1))
 
 
-class LogQOff(Sampler):
+class LogQOff(RelabeledLogQ):
     """``inner``'s draws, with log q reported ``delta`` nats too high for class ``cls``: a wrong correction."""
 
     def __init__(self, inner: Sampler, cls: int, delta: float) -> None:
-        super().__init__()
-        self.inner, self.cls, self.delta = inner, cls, delta
-
-    def _off(self, ids: Tensor, log_q: Tensor) -> Tensor:
-        return log_q + self.delta * (ids == self.cls)
-
-    def sample(self, hidden: Tensor | None, num_samples: int, inputs: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        ids, log_q = self.inner.sample(hidden, num_samples, inputs)
-        return ids, self._off(ids, log_q)
-
-    def log_q(self, hidden: Tensor | None, ids: Tensor, inputs: Tensor | None = None) -> Tensor:
-        return self._off(ids, self.inner.log_q(hidden, ids, inputs))
+        super().__init__(inner, lambda ids, log_q: log_q + delta * (ids == cls))
 
 
 def setup() -> tuple[Tensor, UnigramSampler, Tensor]:
     p = torch.tensor([3, 2, 2, 1.5, 1.5, 1, 1, 1], dtype=torch.float64)
     p = p / p.sum()
     sampler = UnigramSampler(N_CLASSES, torch.arange(N_CLASSES, 0, -1) * 10)
-    q = sampler.log_q(None, torch.arange(N_CLASSES)).double().exp()
+    q = log_q_from(sampler, None, torch.arange(N_CLASSES)).double().exp()
     return p, sampler, q
 
 

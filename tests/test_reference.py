@@ -18,7 +18,9 @@ from torch import Tensor
 from lmtrain.output import NCE, AbsoluteSampledSoftmax, CosineSampledSoftmax, NegativeSampling, SampledSoftmax
 from lmtrain.output.sampled import SampledOutput
 from lmtrain.sampler import Sampler
+from lmtrain.sampler.proposal import Draws, Proposal, TableProposal, positions_of
 from tests import reference_np as ref
+from tests.helpers import draw_negatives
 
 N_CLASSES, DIM, ROWS, M = 12, 4, 6, 5
 TOL = {"rtol": 1e-10, "atol": 1e-12}
@@ -30,14 +32,29 @@ class ForcedDraws(Sampler):
     def __init__(self, q: Tensor, ids: Tensor) -> None:
         super().__init__()
         self.q, self.ids = q, ids
-        self.per_example = ids.dim() == 2
+        self.shared = ids.dim() == 1
 
-    def sample(self, hidden: Tensor | None, num_samples: int, inputs: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        assert num_samples == self.ids.shape[-1]
-        return self.ids.clone(), self.q.log()[self.ids]
+    def share_negatives(self, shared: bool) -> None:
+        """The forced ids fix the mode."""
 
-    def log_q(self, hidden: Tensor | None, ids: Tensor, inputs: Tensor | None = None) -> Tensor:
-        return self.q.log()[ids]
+    def propose(self, query: Tensor | None, inputs: Tensor | None = None, targets: Tensor | None = None) -> Proposal:
+        return ForcedProposal(self, targets)
+
+
+class ForcedProposal(Proposal):
+    """``ForcedDraws``' proposal of one step."""
+
+    def __init__(self, sampler: ForcedDraws, targets: Tensor | None) -> None:
+        self.sampler, self.targets, self.shared = sampler, targets, sampler.shared
+
+    def draw(self, num_samples: int) -> Draws:
+        ids = self.sampler.ids
+        assert num_samples == ids.shape[-1]
+        target_log_q = None if self.targets is None else self.log_q(self.targets.view(-1, 1))
+        return Draws(ids.clone(), self.log_q(ids), target_log_q)
+
+    def log_q(self, ids: Tensor) -> Tensor:
+        return self.sampler.q.log()[ids]
 
 
 def inputs(shared: bool, seed: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -181,13 +198,13 @@ class ForcedStream(Sampler):
         super().__init__()
         self.q, self.stream, self.at = q, stream, 0
 
-    def sample(self, hidden: Tensor | None, num_samples: int, inputs: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def next_ids(self, num_samples: int) -> Tensor:
         ids = torch.tensor(self.stream[self.at : self.at + num_samples])
         self.at += num_samples
-        return ids, self.q.log()[ids]
+        return ids
 
-    def log_q(self, hidden: Tensor | None, ids: Tensor, inputs: Tensor | None = None) -> Tensor:
-        return self.q.log()[ids]
+    def propose(self, query: Tensor | None, inputs: Tensor | None = None, targets: Tensor | None = None) -> Proposal:
+        return TableProposal(self.next_ids, self.q.log(), positions_of(query, inputs, targets), True, targets)
 
 
 def test_unique_negatives_match_the_reference():
@@ -196,7 +213,7 @@ def test_unique_negatives_match_the_reference():
     q, hidden, target, _ = inputs(shared=True, seed=4)
     stream = [3, 3, 7, 3, 1, 7, 9, 1, 0, 5, 2, 2, 4, 6, 8]  # 5 distinct ids (3, 7, 1, 9, 0) after 9 draws
     layer = build(SampledSoftmax, ForcedStream(q, stream), True, unique=True)
-    ids, log_q, tries = layer.draw(hidden)
+    ids, log_q, tries = draw_negatives(layer, hidden)
     assert ids.tolist() == [3, 7, 1, 9, 0] and float(tries) == 9
     torch.testing.assert_close(log_q, q.log()[ids])
     layer.sampler.at = 0
@@ -224,13 +241,9 @@ class NeedsInputs(ForcedDraws):
         super().__init__(q, ids)
         self.expected_inputs = expected_inputs
 
-    def sample(self, hidden: Tensor | None, num_samples: int, inputs: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def propose(self, query: Tensor | None, inputs: Tensor | None = None, targets: Tensor | None = None) -> Proposal:
         assert inputs is not None and torch.equal(inputs, self.expected_inputs)
-        return super().sample(hidden, num_samples, inputs)
-
-    def log_q(self, hidden: Tensor | None, ids: Tensor, inputs: Tensor | None = None) -> Tensor:
-        assert inputs is not None and torch.equal(inputs, self.expected_inputs)
-        return super().log_q(hidden, ids, inputs)
+        return super().propose(query, inputs, targets)
 
 
 @pytest.mark.parametrize("cls", [SampledSoftmax, NCE, NegativeSampling])

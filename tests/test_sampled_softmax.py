@@ -13,6 +13,7 @@ from lmtrain.config import CONF_DIR, ConfigError, compose_config
 from lmtrain.output import SampledSoftmax
 from lmtrain.sampler import Sampler, SoftmaxSampler, UniformSampler, UnigramSampler
 from lmtrain.training.build import build_output
+from tests.helpers import draw_negatives, log_q_all_from, log_q_from
 
 N_CLASSES, DIM = 30, 8
 
@@ -113,11 +114,11 @@ def test_loss_matches_the_direct_formula(shared, correction, remove_hits, kind):
     )
     hidden, target = batch()
     torch.manual_seed(5)
-    ids, _, _ = layer.draw(hidden)
+    ids, _, _ = draw_negatives(layer, hidden)
     assert ids.shape == ((12,) if shared else (16, 12))
     torch.manual_seed(5)
     loss = layer.loss(hidden, target)
-    log_q_all = sampler.log_q(None, torch.arange(N_CLASSES))
+    log_q_all = log_q_from(sampler, None, torch.arange(N_CLASSES))
     expected = reference_loss(layer, hidden, target, ids, log_q_all, correction == "exact", remove_hits)
     torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-5)
 
@@ -128,7 +129,7 @@ def test_unique_draws_distinct_negatives_with_expected_count_correction():
     layer = make_layer(sampler, num_samples=10, unique=True)
     hidden, target = batch()
     torch.manual_seed(7)
-    ids, log_q, tries = layer.draw(hidden)
+    ids, log_q, tries = draw_negatives(layer, hidden)
     assert ids.unique().numel() == 10 and tries >= 10
     torch.manual_seed(7)
     loss = layer.loss(hidden, target)
@@ -152,7 +153,7 @@ def test_training_gradient_touches_only_the_target_and_sampled_rows():
     layer = make_layer(UniformSampler(N_CLASSES), num_samples=5)
     hidden, target = batch(rows=4)
     torch.manual_seed(3)
-    ids, _, _ = layer.draw(hidden)
+    ids, _, _ = draw_negatives(layer, hidden)
     torch.manual_seed(3)
     layer.loss(hidden, target).backward()
     grad = layer.weight.grad
@@ -167,7 +168,7 @@ def test_state_dict_load_points_the_softmax_sampler_at_the_loaded_weights():
     layer.load_state_dict(source.state_dict())
     hidden, target = batch()
     torch.testing.assert_close(
-        layer.sampler.log_q(layer.query(hidden), target[:, None]),
+        log_q_from(layer.sampler, layer.query(hidden), target[:, None]),
         torch.log_softmax(full_logits(source, hidden), 1).gather(1, target[:, None]),
     )
     assert layer.sampler._weight.data_ptr() == layer.weight.data_ptr()
@@ -232,21 +233,21 @@ def test_softmax_proposal_is_the_models_own_softmax_for_every_logit_kind(layer_c
     for _ in range(5):
         torch.testing.assert_close(layer.loss(hidden, target), exact)
     log_p = torch.log_softmax(layer.score(layer.query(hidden), layer.weight), 1)
-    torch.testing.assert_close(layer.sampler.log_q_all(layer.query(hidden), N_CLASSES), log_p)
+    torch.testing.assert_close(log_q_all_from(layer.sampler, layer.query(hidden), N_CLASSES), log_p)
 
 
-def test_repeated_per_example_ids_score_as_one_dense_product():
-    """Per-example ids over few distinct classes take the dense path; values and row gradients match a plain gather."""
+def test_repeated_per_example_ids_score_as_a_gather_with_a_sparse_row_gradient():
+    """Per-example ids that repeat classes: values and row gradients match a plain gather, the gradient sparse."""
     torch.manual_seed(5)
     output = SampledSoftmax(12, 4, UniformSampler(12), num_samples=30)
     query = output.query(torch.randn(6, 4))
-    ids = torch.randint(12, (6, 30))  # 180 draws over at most 12 classes: the dense path
+    ids = torch.randint(12, (6, 30))  # 180 draws over at most 12 classes
     upstream = torch.randn(6, 30)
-    dense = output.query_scores(query, ids)
-    (dense * upstream).sum().backward()
+    scores = output.query_scores(query, ids)
+    (scores * upstream).sum().backward()
     assert output.weight.grad.is_sparse
     plain = (query.unsqueeze(1) * output.weight[ids]).sum(2)  # (6, 30) by an explicit gather
-    torch.testing.assert_close(dense, plain)
+    torch.testing.assert_close(scores, plain)
     expected = torch.autograd.grad((plain * upstream).sum(), output.weight)[0]
     torch.testing.assert_close(output.weight.grad.to_dense(), expected)
 

@@ -27,16 +27,15 @@ def test_every_sampler_keeps_the_proposal_contract(name, shared):
     layer = sampled_softmax(name, shared)
     hidden, inputs = torch.randn(POSITIONS, DIM), torch.randint(N_CLASSES, (POSITIONS,))
     target = torch.randint(N_CLASSES, (POSITIONS,))
-    proposal = layer.propose(layer.query(hidden), inputs)  # one per step
-    ids, log_q = proposal.sample(M)
-    expected_shape = (POSITIONS, M) if proposal.per_example else (M,)
+    proposal = layer.propose(layer.query(hidden), inputs, target)  # one per step
+    ids, log_q, target_log_q, _ = proposal.draw(M)
+    expected_shape = (M,) if proposal.shared else (POSITIONS, M)
+    assert proposal.shared == shared or name in ("softmax", "bigram")  # those two only draw per position
     assert ids.shape == log_q.shape == expected_shape and ids.dtype == torch.long
     assert int(ids.min()) >= 0 and int(ids.max()) < N_CLASSES
     torch.testing.assert_close(log_q, proposal.log_q(ids), rtol=1e-4, atol=1e-5)  # the log q of what was drawn
-    every = torch.arange(N_CLASSES)
-    table = proposal.log_q(every.expand(POSITIONS, -1) if proposal.per_example else every)  # (N, n) or (n,)
-    torch.testing.assert_close(table.double().exp().sum(-1), torch.ones_like(table[..., 0]).double(), atol=1e-4, rtol=0)
-    rows = table if proposal.per_example else table.expand(POSITIONS, -1)
-    target_log_q = layer.target_log_q(layer.query(hidden), target, inputs, proposal)  # (N, 1)
-    torch.testing.assert_close(target_log_q, rows.gather(1, target[:, None]), rtol=1e-4, atol=1e-5)
+    table = proposal.log_q_all(N_CLASSES)  # (N, n)
+    assert table.shape == (POSITIONS, N_CLASSES)
+    torch.testing.assert_close(table.double().exp().sum(-1), torch.ones(POSITIONS).double(), atol=1e-4, rtol=0)
+    torch.testing.assert_close(target_log_q, table.gather(1, target[:, None]), rtol=1e-4, atol=1e-5)  # (N, 1)
     assert torch.isfinite(layer.loss(hidden, target, inputs))

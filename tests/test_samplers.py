@@ -10,6 +10,7 @@ import torch
 from lmtrain.config import ConfigError, compose_config
 from lmtrain.sampler import SoftmaxSampler, UniformSampler, UnigramSampler
 from lmtrain.sampler.unigram import alias_table
+from tests.helpers import log_q_all_from, log_q_from, sample_from
 
 N_CLASSES = 40
 
@@ -52,11 +53,11 @@ def chi_square(ids: torch.Tensor, log_q: torch.Tensor) -> float:
 def test_context_free_log_q_sums_to_one_and_matches_draws(name):
     sampler = context_free()[name]
     all_ids = torch.arange(N_CLASSES)
-    log_q = sampler.log_q(None, all_ids)
+    log_q = log_q_from(sampler, None, all_ids)
     assert torch.isfinite(log_q).all()
     assert log_q.double().exp().sum().item() == pytest.approx(1.0, abs=1e-5)
     torch.manual_seed(0)
-    ids, drawn_log_q = sampler.sample(None, 200_000)
+    ids, drawn_log_q = sample_from(sampler, None, 200_000)
     assert ids.shape == drawn_log_q.shape == (200_000,) and ids.dtype == torch.long
     torch.testing.assert_close(drawn_log_q, log_q[ids])  # the returned log q is the one of each id
     assert chi_square(ids, log_q) < chi_square_critical(N_CLASSES - 1)
@@ -65,11 +66,11 @@ def test_context_free_log_q_sums_to_one_and_matches_draws(name):
 def test_softmax_sampler_log_q_sums_to_one_and_matches_draws():
     sampler, hidden = softmax_sampler()
     all_ids = torch.arange(N_CLASSES).expand(hidden.shape[0], -1)
-    log_q = sampler.log_q(hidden, all_ids)  # (rows, n)
+    log_q = log_q_from(sampler, hidden, all_ids)  # (rows, n)
     torch.testing.assert_close(log_q.double().exp().sum(1), torch.ones(hidden.shape[0], dtype=torch.float64))
     torch.testing.assert_close(log_q, torch.log_softmax(hidden @ sampler._weight.T, dim=1))
     torch.manual_seed(1)
-    ids, drawn_log_q = sampler.sample(hidden, 100_000)
+    ids, drawn_log_q = sample_from(sampler, hidden, 100_000)
     assert ids.shape == (hidden.shape[0], 100_000)
     torch.testing.assert_close(drawn_log_q, log_q.gather(1, ids))
     for row in range(hidden.shape[0]):  # each example draws from its own softmax
@@ -79,14 +80,14 @@ def test_softmax_sampler_log_q_sums_to_one_and_matches_draws():
 def test_chi_square_detects_a_wrong_distribution():
     """Guard for the test above: draws from unigram are rejected as uniform."""
     torch.manual_seed(0)
-    ids, _ = context_free()["unigram"].sample(None, 200_000)
-    uniform = UniformSampler(N_CLASSES).log_q(None, torch.arange(N_CLASSES))
+    ids, _ = sample_from(context_free()["unigram"], None, 200_000)
+    uniform = log_q_from(UniformSampler(N_CLASSES), None, torch.arange(N_CLASSES))
     assert chi_square(ids, uniform) > chi_square_critical(N_CLASSES - 1)
 
 
 def test_unigram_formula_power_and_zero_count_floor():
     counts = zipf_counts(N_CLASSES)
-    log_q = UnigramSampler(N_CLASSES, counts, power=0.75, smoothing=1.0).log_q(None, torch.arange(N_CLASSES))
+    log_q = log_q_from(UnigramSampler(N_CLASSES, counts, power=0.75, smoothing=1.0), None, torch.arange(N_CLASSES))
     expected = torch.log_softmax(0.75 * torch.log(counts.double() + 1.0), dim=0)
     torch.testing.assert_close(log_q.double(), expected, atol=1e-6, rtol=0)
     assert (log_q[-5:] > -math.inf).all()  # unseen classes keep q > 0
@@ -94,7 +95,7 @@ def test_unigram_formula_power_and_zero_count_floor():
 
 def test_log_uniform_is_zipf():
     n = 1000
-    log_q = UnigramSampler(n, distribution="log_uniform").log_q(None, torch.arange(n)).double()
+    log_q = log_q_from(UnigramSampler(n, distribution="log_uniform"), None, torch.arange(n)).double()
     k = torch.arange(n, dtype=torch.float64)
     expected = torch.log(torch.log((k + 2) / (k + 1)) / math.log(n + 1))
     torch.testing.assert_close(log_q, expected, atol=1e-6, rtol=0)
@@ -122,7 +123,7 @@ def test_unigram_at_a_million_classes_is_exact():
     assert sampler.log_probs.double().exp().sum().item() == pytest.approx(1.0, abs=1e-4)
     expected = torch.log_softmax(0.75 * torch.log(counts.double() + 1.0), dim=0)
     torch.testing.assert_close(sampler.log_probs[:1000].double(), expected[:1000], atol=1e-5, rtol=0)
-    ids, log_q = sampler.sample(None, 1000)
+    ids, log_q = sample_from(sampler, None, 1000)
     assert ids.max() < 1_000_000 and torch.isfinite(log_q).all()
 
 
@@ -130,14 +131,14 @@ def test_softmax_sampler_follows_the_live_weights():
     sampler, hidden = softmax_sampler()
     weight = torch.randn(N_CLASSES, hidden.shape[1])
     sampler.update(weight)
-    before = sampler.log_q(hidden, torch.zeros(hidden.shape[0], 1, dtype=torch.long))
+    before = log_q_from(sampler, hidden, torch.zeros(hidden.shape[0], 1, dtype=torch.long))
     weight[0] += 5.0  # an in-place optimizer step: no update() call needed
-    after = sampler.log_q(hidden, torch.zeros(hidden.shape[0], 1, dtype=torch.long))
+    after = log_q_from(sampler, hidden, torch.zeros(hidden.shape[0], 1, dtype=torch.long))
     assert not torch.allclose(before, after)
 
 
 def test_uniform_log_q():
-    log_q = UniformSampler(7).log_q(None, torch.tensor([[0, 6], [3, 3]]))
+    log_q = log_q_from(UniformSampler(7), None, torch.tensor([[0, 6], [3, 3]]))
     torch.testing.assert_close(log_q, torch.full((2, 2), -math.log(7)))
 
 
@@ -169,7 +170,7 @@ def test_unigram_out_of_range_options_are_refused_by_the_schema(override, messag
 
 def test_softmax_sampler_without_weights_raises():
     with pytest.raises(ValueError, match="call update"):
-        SoftmaxSampler(5).sample(torch.randn(2, 3), 4)
+        sample_from(SoftmaxSampler(5), torch.randn(2, 3), 4)
 
 
 def test_log_q_all_is_every_class_for_every_position():
@@ -177,14 +178,16 @@ def test_log_q_all_is_every_class_for_every_position():
     n, rows = N_CLASSES, 4
     hidden = torch.randn(rows, 6)
     for name, sampler in context_free().items():
-        every = sampler.log_q(None, torch.arange(n))
-        torch.testing.assert_close(sampler.log_q_all(hidden, n), every.expand(rows, n), msg=name)
+        every = log_q_from(sampler, None, torch.arange(n))
+        torch.testing.assert_close(log_q_all_from(sampler, hidden, n), every.expand(rows, n), msg=name)
     softmax, queries = softmax_sampler(rows=rows)
-    torch.testing.assert_close(softmax.log_q_all(queries, n), softmax.log_q(queries, torch.arange(n).expand(rows, n)))
+    torch.testing.assert_close(
+        log_q_all_from(softmax, queries, n), log_q_from(softmax, queries, torch.arange(n).expand(rows, n))
+    )
 
 
 def test_uniform_sampler_needs_two_classes_and_keeps_no_state():
-    assert UniformSampler(2).log_q(None, torch.arange(2)).exp().tolist() == pytest.approx([0.5, 0.5])
+    assert log_q_from(UniformSampler(2), None, torch.arange(2)).exp().tolist() == pytest.approx([0.5, 0.5])
     with pytest.raises(ValueError, match="at least 2 classes"):
         UniformSampler(1)
     assert list(UniformSampler(5).state_dict()) == []  # nothing to checkpoint

@@ -11,7 +11,6 @@ from typing import Any
 
 from omegaconf import II
 
-from lmtrain.common.execution import Execution
 from lmtrain.common.optim_options import OptimOptions, torch_optimizer
 from lmtrain.common.ranges import AT_LEAST_1
 from lmtrain.data.options import BatchOptions, SyntheticDataOptions, TextOptions, ZipfDataOptions
@@ -45,8 +44,8 @@ class RunConfig:
     threads: int | str = field(default="auto", metadata=AT_LEAST_1)
     # glibc keeps freed blocks <= 32 MiB for reuse: no page faults per step (lmtrain/training/memory.py)
     reuse_freed_memory: bool = True
-    # code paths: cpu (cache blocks, dedup) or gpu (fixed shapes, no host syncs); auto: by the device it trains on
-    execution: Execution = Execution.auto
+    # deprecated, ignored with a one-line note: the device decides (a kernel tree's backend: sampler.backend)
+    execution: str | None = None
     data: Any = None
     model: Any = None
     sampler: Any = None

@@ -77,7 +77,7 @@ class AdaptiveSoftmax(OutputLayer):
     from the vocabulary size (``derive_cutoffs``, with no more clusters than ``dim`` allows). All
     parameters are dense (no sparse row gradients).
 
-    On the GPU paths (``gpu_paths``) the training loss takes ``fixed_shape_nll``: torch's module finds each
+    On a GPU (``fixed_shapes``) the training loss takes ``fixed_shape_nll``: torch's module finds each
     cluster's positions with ``nonzero`` (a host sync per cluster); there every tail cluster is scored for all N
     positions instead, each a cross entropy whose targets (one table lookup a step, ``target_columns``) ignore the
     positions outside the cluster. That costs
@@ -89,6 +89,9 @@ class AdaptiveSoftmax(OutputLayer):
     """
 
     loss_is_nll = True
+    # the training loss's form: None by the device (fixed shapes on a GPU, torch's module elsewhere); True or False
+    # forces one (the launch counter and the tests)
+    fixed_shapes: bool | None = None
 
     def __init__(self, num_classes: int, dim: int, **options: Any) -> None:
         super().__init__()
@@ -111,7 +114,7 @@ class AdaptiveSoftmax(OutputLayer):
         self.cutoffs, self.logits_mib, self.gpu_logits_fraction = cutoffs, opts.logits_mib, opts.gpu_logits_fraction
         head_bias = opts.head_bias
         self.asm = nn.AdaptiveLogSoftmaxWithLoss(dim, num_classes, cutoffs, div_value=div_value, head_bias=head_bias)
-        # every word's targets, for the GPU paths (one lookup a step); not saved: checkpoints are the same on both paths
+        # every word's targets, for fixed shapes (one lookup a step); not saved: checkpoints are the same on both paths
         self.register_buffer("columns", target_columns(num_classes, cutoffs), persistent=False)  # (1 + K, n)
         # the widths of the stacked first product's outputs: the head's logits, then each tail's projection
         self.first_sizes = [self.asm.head_size, *(tail[0].out_features for tail in self.asm.tail)]
@@ -125,7 +128,7 @@ class AdaptiveSoftmax(OutputLayer):
     def loss(self, hidden: Tensor, target: Tensor, inputs: Tensor | None = None) -> Tensor:
         """The exact NLL, in float32 under autocast: torch's adaptive softmax writes its bfloat16 cluster
         log-probabilities into a tensor of the input's dtype and fails (or, given bfloat16, sums in bfloat16)."""
-        if self.gpu_paths:
+        if hidden.is_cuda if self.fixed_shapes is None else self.fixed_shapes:
             return self.fixed_shape_nll(hidden, target)
         return self.asm(hidden, target).loss
 

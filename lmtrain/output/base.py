@@ -7,13 +7,12 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from lmtrain.common.execution import DeviceAware
 from lmtrain.common.precision import in_float32, wrap_methods
 
 PAIRS_PER_CHUNK = 1 << 16  # (position, class) pairs per log_prob call in the default log_probs_all
 
 
-class OutputLayer(DeviceAware, nn.Module):
+class OutputLayer(nn.Module):
     """Maps top-layer hidden states to a training objective and to exact log-probabilities.
 
     ``loss`` is the (possibly surrogate) objective minimised in training; ``log_prob`` is always the
@@ -21,7 +20,7 @@ class OutputLayer(DeviceAware, nn.Module):
     (a sampler tree) refresh it in ``after_optimizer_step``. ``loss`` also receives the input token at each
     position (the previous word), which the sampled strategies hand to a proposal conditioned on it.
 
-    ``gpu_paths`` (``lmtrain.common.execution``) selects the fixed-shape code paths where a strategy has two.
+    Every loss is one form on every device: fixed shapes, no host syncs (``docs/architecture.md``).
 
     Under mixed precision (autocast) every subclass's ``log_prob``, ``log_probs_all`` and ``extra_metrics`` run in
     float32 (``lmtrain.common.precision``): exact evaluation never passes through bfloat16.
@@ -73,14 +72,14 @@ class OutputLayer(DeviceAware, nn.Module):
         return {}
 
 
-def changed_rows(param: Tensor, repeats: bool = False) -> Tensor | None:
-    """Row ids that the last optimizer step changed: the rows of a sparse gradient, None = all rows. With
-    ``repeats`` a row may be named more than once (no coalescing: its size would depend on the data)."""
+def changed_rows(param: Tensor) -> Tensor | None:
+    """Row ids that the last optimizer step changed: the rows of a sparse gradient, None = all rows. A row may be
+    named more than once (no coalescing: its size would depend on the data)."""
     grad = param.grad
     if grad is None:
         return param.new_empty(0, dtype=torch.long)
     if grad.is_sparse:
-        return grad._indices()[0] if repeats else grad.coalesce().indices()[0]
+        return grad._indices()[0]
     return None
 
 

@@ -46,7 +46,7 @@ class HierarchicalSoftmax(OutputLayer):
             raise ValueError(f"counts must have one entry per class ({num_classes}), got shape {tuple(counts.shape)}")
         self.num_classes, self.dim, self.tree, self.sparse = num_classes, dim, opts.tree, opts.sparse
         self.layout = tree_layout(opts.tree, counts, opts.num_bins)  # the tree's index arrays (non-persistent buffers)
-        self._mean_nll = in_float32(self.layout.mean_nll)  # the GPU paths' loss, in float32 as log_prob (built once)
+        self._mean_nll = in_float32(self.layout.mean_nll)  # the training loss, in float32 as log_prob (built once)
         self.weight = nn.Parameter(torch.empty(self.layout.num_rows, dim + 1))
         nn.init.uniform_(self.weight[:, :dim], -opts.init_range, opts.init_range)
         nn.init.zeros_(self.weight[:, dim:])
@@ -69,6 +69,4 @@ class HierarchicalSoftmax(OutputLayer):
         return self.layout.log_probs_all(self.query(hidden) @ self.weight.T)  # scores of every row (N, rows)
 
     def loss(self, hidden: Tensor, target: Tensor, inputs: Tensor | None = None) -> Tensor:
-        if self.gpu_paths:  # float32 as log_prob, the mean in fewer operators
-            return self._mean_nll(self.weight, self.query(hidden), target, self.sparse)
-        return -self.log_prob(hidden, target).mean()
+        return self._mean_nll(self.weight, self.query(hidden), target, self.sparse)  # float32 as log_prob

@@ -4,7 +4,7 @@
 on c's path. ``BinLayout`` is the two-level class-factorized softmax: a softmax over frequency bins times one over
 the classes inside c's bin. Both read their rows from the strategy's one parameter ``weight`` (rows, d + 1) with
 a sparse gather and keep their index arrays as non-persistent buffers (rebuilt from the counts, never saved).
-Their GPU paths (``gpu_paths``) keep shapes fixed (no ``unique``) and the training loss in few operators.
+Their training loss keeps shapes fixed (no ``unique``, no host sync) and takes few operators.
 """
 
 from __future__ import annotations
@@ -13,14 +13,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lmtrain.common.execution import DeviceAware
 from lmtrain.output import trees
 from lmtrain.output.base import PAIRS_PER_CHUNK
 from lmtrain.output.rows import gather_rows
 from lmtrain.output.trees import ClassBins, TreePaths
 
 
-class PathLayout(DeviceAware, nn.Module):
+class PathLayout(nn.Module):
     """A binary tree over n classes: its n - 1 internal nodes are the weight rows."""
 
     def __init__(self, paths: TreePaths) -> None:
@@ -39,7 +38,7 @@ class PathLayout(DeviceAware, nn.Module):
         return self.decisions(weight, query, target, sparse).sum(1)
 
     def mean_nll(self, weight: Tensor, query: Tensor, target: Tensor, sparse: bool) -> Tensor:
-        """-mean log p(target | h) (the GPU paths' loss): one sum over every decision, then a scale; the same value up
+        """-mean log p(target | h) (the training loss): one sum over every decision, then a scale; the same value up
         to float rounding as -log_prob(...).mean(), two operators fewer forward and backward."""
         return self.decisions(weight, query, target, sparse).sum() * (-1.0 / target.shape[0])
 
@@ -47,10 +46,8 @@ class PathLayout(DeviceAware, nn.Module):
         """(N, L) log sigmoid(+-score) of every decision on the targets' paths, 0 past a path's end."""
         nodes = self.nodes[target].long()  # (N, L)
         rows = gather_rows(weight, nodes, sparse)  # (N, L, d + 1)
-        if self.gpu_paths:  # the rows on the left: their gradient comes out contiguous (no copy for the sparse one)
-            scores = torch.bmm(rows, query.unsqueeze(2)).view(nodes.shape)  # (N, L)
-        else:
-            scores = torch.einsum("nd,nld->nl", query, rows)  # (N, L) node scores h . v_u + c_u
+        # node scores h . v_u + c_u, rows on the left: their gradient comes out contiguous (no copy for the sparse one)
+        scores = torch.bmm(rows, query.unsqueeze(2)).view(nodes.shape)  # (N, L)
         signed = self.signs[target] * scores  # (N, L), +-1 in int8 times the scores: exact, no cast
         return F.logsigmoid(signed) * self.mask[target]
 
@@ -67,7 +64,7 @@ class PathLayout(DeviceAware, nn.Module):
         return torch.cat(parts, dim=1)
 
 
-class BinLayout(DeviceAware, nn.Module):
+class BinLayout(nn.Module):
     """Two levels: class rows 0 .. n - 1, then one row per bin n .. n + K - 1; O(sqrt(n) d) per position."""
 
     def __init__(self, bins: ClassBins) -> None:
@@ -90,13 +87,8 @@ class BinLayout(DeviceAware, nn.Module):
         bin_scores = query @ bin_rows.T  # (N, K)
         target_bin = self.bin_of[target]  # (N,)
         log_p_bin = bin_scores.gather(1, target_bin.unsqueeze(1))[:, 0] - torch.logsumexp(bin_scores, 1)
-        if self.gpu_paths:  # fixed shapes: every position gathers its bin (N * S rows), no unique (a host sync)
-            rows = gather_rows(weight, self.members[target_bin], sparse)  # (N, S, d + 1)
-        else:
-            bins, inverse = torch.unique(target_bin, return_inverse=True)  # (U,), (N,)
-            # each distinct bin is gathered once, so the sparse gradient has U * S rows, not N * S
-            bin_members = gather_rows(weight, self.members[bins], sparse)  # (U, S, d + 1)
-            rows = bin_members[inverse]  # (N, S, d + 1); duplicates are summed in the (U, S, d + 1) grad
+        # fixed shapes: every position gathers its bin (N * S rows), no unique (a host sync)
+        rows = gather_rows(weight, self.members[target_bin], sparse)  # (N, S, d + 1)
         scores = torch.einsum("nd,nsd->ns", query, rows)  # (N, S) scores of the classes in the target's bin
         scores = scores.masked_fill(~self.member_mask[target_bin], float("-inf"))
         in_bin = scores.gather(1, self.offset[target].unsqueeze(1))[:, 0] - torch.logsumexp(scores, 1)  # (N,)

@@ -42,8 +42,8 @@ class AdaptiveOptions:
     # tail cluster k projects the hidden state to dim / div_value^k dimensions
     div_value: float = field(default=4.0, metadata={"above": 0})
     head_bias: bool = True
-    # GPU paths: a tail cluster's (N, size) logits at every position are dense up to this many MiB (float32), else
-    # computed in vocabulary chunks: as ``FullOptions``, whose budgets they share
+    # fixed shapes (a GPU): a tail cluster's (N, size) logits at every position are dense up to this many MiB
+    # (float32), else computed in vocabulary chunks: as ``FullOptions``, whose budgets they share
     logits_mib: float = field(default=128.0, metadata={"above": 0})
     gpu_logits_fraction: float = field(default=GPU_FRACTION, metadata=FRACTION)
 

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from lmtrain.sampler.base import Sampler
 from lmtrain.sampler.options import BigramOptions
-from lmtrain.sampler.proposal import Proposal
+from lmtrain.sampler.proposal import Draws, Proposal
 from lmtrain.sampler.unigram import UnigramSampler
 
 _OFFSET_BITS = 62  # successor offsets are uniform 62-bit integers modulo the row count: bias < count / 2^62
@@ -33,7 +33,8 @@ class BigramSampler(Sampler):
 
     runtime_args: ClassVar[tuple[str, ...]] = ("num_classes", "train_ids")
 
-    per_example = True
+    shared = False
+    per_position_only: ClassVar[bool] = True
 
     def __init__(self, num_classes: int, train_ids: Tensor | None = None, **options: Any) -> None:
         super().__init__()
@@ -63,21 +64,20 @@ class BigramSampler(Sampler):
         self.register_buffer("share", share, persistent=False)  # (n,) float64
         self.register_buffer("unigram_q", self.unigram.log_probs.double().exp(), persistent=False)  # (n,) u(j)
 
-    def _previous(self, hidden: Tensor | None, inputs: Tensor | None) -> Tensor:
+    def _previous(self, query: Tensor | None, inputs: Tensor | None) -> Tensor:
         if inputs is None:
             raise ValueError(
                 "BigramSampler conditions on each position's input token: pass `inputs` (N,) "
                 "(OutputLayer.loss(hidden, target, inputs=...))"
             )
-        if hidden is not None and hidden.shape[0] != inputs.numel():
-            raise ValueError(f"inputs has {inputs.numel()} tokens but hidden has {hidden.shape[0]} positions")
+        if query is not None and query.shape[0] != inputs.numel():
+            raise ValueError(f"inputs has {inputs.numel()} tokens but the query has {query.shape[0]} positions")
         return inputs.reshape(-1).to(self.count.device, torch.long)  # (N,)
 
-    def propose(self, hidden: Tensor | None, inputs: Tensor | None = None) -> BigramProposal:
-        return BigramProposal(self, self._previous(hidden, inputs))
-
-    def sample(self, hidden: Tensor | None, num_samples: int, inputs: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        return self.propose(hidden, inputs).sample(num_samples)
+    def propose(
+        self, query: Tensor | None, inputs: Tensor | None = None, targets: Tensor | None = None
+    ) -> BigramProposal:
+        return BigramProposal(self, self._previous(query, inputs), targets)
 
     def draw(self, prev: Tensor, num_samples: int) -> Tensor:
         """``num_samples`` ids (N, m) from q(. | p) for each previous token ``prev`` (N,)."""
@@ -87,13 +87,9 @@ class BigramSampler(Sampler):
         offset = torch.randint(1 << _OFFSET_BITS, shape, device=device) % count.clamp(min=1)  # (N, m) in [0, c(p))
         row = (self.start[prev].unsqueeze(1) + offset).clamp(max=self.successors.numel() - 1)  # (N, m); c(p) = 0: any
         from_bigram = self.successors[row].long()  # (N, m)
-        from_unigram = self.unigram.sample_ids(None, prev.numel() * num_samples)  # (N * m,)
+        from_unigram = self.unigram.draw_ids(prev.numel() * num_samples)  # (N * m,)
         use_bigram = (torch.rand(shape, device=device, dtype=torch.float64) >= self.unigram_weight) & (count > 0)
         return torch.where(use_bigram, from_bigram, from_unigram.view(shape))  # (N, m)
-
-    def log_q(self, hidden: Tensor | None, ids: Tensor, inputs: Tensor | None = None) -> Tensor:
-        """log q(ids | inputs): ids (N, k), or (k,) for the same ids at every position -> (N, k)."""
-        return self.log_q_after(self._previous(hidden, inputs), ids)
 
     def log_q_after(self, prev: Tensor, ids: Tensor) -> Tensor:
         """log q(ids | prev) after the previous tokens ``prev`` (N,): ids (N, k), or (k,) for every position."""
@@ -109,26 +105,27 @@ class BigramSampler(Sampler):
 
 
 class BigramProposal(Proposal):
-    """One step's bigram proposal, its previous tokens bound: the targets' log q (``expect``) is looked up with the
-    draws', for the joined ids at once (one binary search and its lookups a step where each took their own)."""
+    """One step's bigram proposal, its previous tokens (N,) bound: the targets' log q is looked up with the draws',
+    for the joined ids at once (one binary search and its lookups)."""
 
-    per_example = True
-    log_q_by_lookup = True
+    per_position = True
 
-    def __init__(self, sampler: BigramSampler, prev: Tensor) -> None:
-        self.sampler, self.prev = sampler, prev  # prev (N,)
+    def __init__(self, sampler: BigramSampler, prev: Tensor, targets: Tensor | None) -> None:
+        self.sampler, self.prev, self.targets = sampler, prev, targets
+        self.positions = prev.numel()
 
-    def sample(self, num_samples: int) -> tuple[Tensor, Tensor]:
+    @property
+    def device(self) -> torch.device:
+        return self.prev.device
+
+    def draw(self, num_samples: int) -> Draws:
         ids = self.sampler.draw(self.prev, num_samples)  # (N, m)
-        if self.expected is None:
-            return ids, self.sampler.log_q_after(self.prev, ids)
-        log_q = self.sampler.log_q_after(self.prev, torch.cat([ids, self.expected], 1))  # (N, m + j)
-        self.remember(log_q[:, num_samples:])
-        return ids, log_q[:, :num_samples]
-
-    def sample_ids(self, num_samples: int) -> Tensor:
-        return self.sampler.draw(self.prev, num_samples)  # (N, m)
+        if self.targets is None:
+            return Draws(ids, self.sampler.log_q_after(self.prev, ids), None)
+        joint = torch.cat([self.targets.view(-1, 1), ids], 1)  # (N, 1 + m)
+        log_q = self.sampler.log_q_after(self.prev, joint)  # (N, 1 + m), one search
+        return Draws(joint[:, 1:], log_q[:, 1:], log_q[:, :1], joint)
 
     def log_q(self, ids: Tensor) -> Tensor:
-        known = self.known_log_q(ids)  # looked up with the draws
-        return known if known is not None else self.sampler.log_q_after(self.prev, ids)
+        """log q(ids | prev): ids (N, k), or (k,) for the same ids at every position -> (N, k)."""
+        return self.sampler.log_q_after(self.prev, ids)

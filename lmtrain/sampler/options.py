@@ -48,13 +48,15 @@ class KernelOptions:
     feature_cache: str | bool | None = field(
         default="auto", metadata={"choices": ("auto", "full", "bfloat16", "off", True, False, None)}
     )
-    # GPU paths (execution=gpu): the levels one product scores for every node at each step, so a tree of up to
+    # auto: the fixed-shape backend on a GPU, the walk on a CPU (chosen when the tree is built on a device); walk |
+    # fixed force one, for tests and benchmarks
+    backend: str = field(default="auto", metadata={"choices": ("auto", "walk", "fixed")})
+    # the fixed backend: the levels one product scores for every node at each step, so a tree of up to
     # 2^scored_levels buckets is scored whole and a deeper one draws its last levels in gathered stages; more trades
-    # the stages' gathered bytes for the product's multiply-adds (docs/gpu.md: 17 ran 0.86x 15 on an H200 at 10^6 rff)
+    # the stages' gathered bytes for the product's multiply-adds (docs/gpu.md)
     scored_levels: int = field(default=15, metadata={"at_least": 0})
-    # GPU paths: after a step the changed buckets' deltas go up their paths to the root (paths), or the tree is
-    # re-summed from its leaves (resum); auto: whichever touches fewer values (paths for batch-shared negatives at
-    # 10^6 classes, docs/gpu.md)
+    # the fixed backend: after a step the changed buckets' deltas go up their paths to the root (paths), or the tree is
+    # re-summed from its leaves (resum); auto: whichever touches fewer values
     tree_update: str = field(default="auto", metadata={"choices": ("auto", "paths", "resum")})
 
 

@@ -2,80 +2,115 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import math
+from collections.abc import Callable
+from typing import NamedTuple
 
+import torch
 from torch import Tensor
 
 from lmtrain.common.precision import wrap_methods
 
-if TYPE_CHECKING:
-    from lmtrain.sampler.base import Sampler
+
+class Draws(NamedTuple):
+    """A step's negatives and the log q that corrects them: ``ids`` and ``log_q`` (m,) shared by the batch or (N, m)
+    per position; ``target_log_q`` (N, 1) the log q of the targets given to ``Sampler.propose`` (None without);
+    ``joint_ids`` (N, 1 + m), the targets then the ids, where the proposal joined them to look their log q up at
+    once (per position; the output layer then gathers their rows from it too)."""
+
+    ids: Tensor
+    log_q: Tensor
+    target_log_q: Tensor | None
+    joint_ids: Tensor | None = None
 
 
 class Proposal:
-    """The proposal of one step: ``sample(m)`` draws and ``log_q(ids)`` is the exact log-probability of any ids
-    under the same q. ``per_example``: ids and log q (N, m), one row per position; else (m,) shared by the batch
-    (context-free, or one proposal built from the whole batch), and ``log_q`` takes ids of any shape."""
+    """The proposal q of one step, its context bound (queries, input tokens, targets).
 
-    per_example: bool = False
-    # True where log q of any ids is a lookup whose cost does not depend on how many ids: the GPU paths then draw
-    # the ids alone (``sample_ids``) and look up the targets' and the negatives' log q together, one operator
-    log_q_by_lookup: bool = False
-    _expected: Tensor | None = None  # ``expect``'s ids, and their log q once ``remember`` keeps it
-    _expected_log_q: Tensor | None = None
+    ``draw(m)`` returns m negatives with their exact log q and the targets' log q under the same q (a proposal that
+    fixes m itself, such as in-batch negatives, ignores it); ``log_q(ids)`` is the exact log-probability of any ids
+    under that q: (N, k) ids for a per-position q, any shape for one shared by the batch. ``shared``: ``draw`` gives
+    (m,) ids for the whole batch, else (N, m). ``positions`` is N.
+    """
+
+    shared: bool = False
+    positions: int = 0
+    per_position: bool = False  # True where q differs between positions (then ``log_q`` takes (N, k) ids)
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
-        wrap_methods(cls, ("sample", "sample_ids", "log_q"))  # float32 under autocast, as the samplers' (precision.py)
+        wrap_methods(cls, ("draw", "log_q", "log_q_all"))  # float32 under autocast, as the samplers' (precision.py)
 
-    def sample(self, num_samples: int) -> tuple[Tensor, Tensor]:
-        """Draw ``num_samples`` ids (with replacement) per position, or for the batch; (ids, log_q)."""
+    def draw(self, num_samples: int) -> Draws:
+        """``num_samples`` ids drawn with replacement, their log q and the targets' log q."""
         raise NotImplementedError
-
-    def sample_ids(self, num_samples: int) -> Tensor:
-        """``sample``'s ids alone, the same draws (a proposal whose log q is a lookup skips it: ``log_q_by_lookup``)."""
-        return self.sample(num_samples)[0]
 
     def log_q(self, ids: Tensor) -> Tensor:
-        """Exact log q of ``ids``: (N, k) per position, any shape for a shared proposal."""
+        """Exact log q of ``ids``: (N, k) per position, any shape for a q shared by the batch."""
         raise NotImplementedError
 
-    def expect(self, ids: Tensor) -> None:
-        """``ids`` whose ``log_q`` will be asked for after ``sample`` (a step's targets, (N, 1)): a proposal may
-        compute it together with its draws' (fewer operators: ``remember``) and return it from ``known_log_q``."""
-        self._expected, self._expected_log_q = ids, None
+    def log_q_all(self, num_classes: int) -> Tensor:
+        """log q of every class at every position, (N, n), for diagnostics (KL(p || q)); O(N n) memory."""
+        every = torch.arange(num_classes, device=self.device)
+        if self.per_position:
+            return self.log_q(every.expand(self.positions, -1))
+        return self.log_q(every).expand(self.positions, -1)
 
     @property
-    def expected(self) -> Tensor | None:
-        """The ids given to ``expect``, if any."""
-        return self._expected
-
-    def remember(self, log_q: Tensor) -> None:
-        """Keep ``log_q`` of the expected ids, computed with the draws."""
-        self._expected_log_q = log_q
-
-    def known_log_q(self, ids: Tensor) -> Tensor | None:
-        """The log q of ``ids`` kept by ``remember`` when they are the expected ids (the same tensor), else None."""
-        known, log_q = self._expected, self._expected_log_q
-        if log_q is None or known is None or ids.shape != known.shape or ids.data_ptr() != known.data_ptr():
-            return None
-        return log_q
+    def device(self) -> torch.device:
+        """The device the draws come on."""
+        raise NotImplementedError
 
 
-class BoundProposal(Proposal):
-    """A sampler with this step's context bound: its queries (N, d') and input tokens (N,). The default of
-    ``Sampler.propose`` for samplers whose ``sample`` and ``log_q`` need nothing computed per step."""
+def positions_of(*context: Tensor | None) -> int:
+    """N, the positions of a step, from the first of its context tensors that is given (queries, inputs, targets);
+    0 when none is (a proposal shared by the batch needs none)."""
+    for tensor in context:
+        if tensor is not None:
+            return tensor.shape[0]
+    return 0
 
-    def __init__(self, sampler: Sampler, query: Tensor | None, inputs: Tensor | None) -> None:
-        self.sampler, self.query, self.inputs = sampler, query, inputs
-        self.per_example, self.log_q_by_lookup = sampler.per_example, sampler.log_q_by_lookup
 
-    def sample(self, num_samples: int) -> tuple[Tensor, Tensor]:
-        return self.sampler.sample(self.query, num_samples, inputs=self.inputs)
+def per_position_shape(positions: int, num_samples: int) -> tuple[int, int]:
+    """(N, m), the shape of per-position draws; N = 0 means the step's context was not given."""
+    if positions == 0:
+        raise ValueError("per-position draws need the step's context: pass the queries, the inputs or the targets")
+    return positions, num_samples
 
-    def sample_ids(self, num_samples: int) -> Tensor:
-        return self.sampler.sample_ids(self.query, num_samples, inputs=self.inputs)
+
+class TableProposal(Proposal):
+    """A proposal shared by every position whose log q is a lookup in one table (n,): drawn by ``draw_ids`` (k,), m
+    for the batch when ``shared`` else N x m; the targets' log q is looked up with the draws' in one gather."""
+
+    def __init__(
+        self,
+        draw_ids: Callable[[int], Tensor],
+        table: Tensor,
+        positions: int,
+        shared: bool,
+        targets: Tensor | None,
+    ) -> None:
+        self.draw_ids, self.table, self.positions = draw_ids, table, positions
+        self.shared, self.targets = shared, targets
+
+    @property
+    def device(self) -> torch.device:
+        return self.table.device
+
+    def draw(self, num_samples: int) -> Draws:
+        if self.shared:
+            ids = self.draw_ids(num_samples)  # (m,)
+        else:
+            shape = per_position_shape(self.positions, num_samples)
+            ids = self.draw_ids(math.prod(shape)).view(shape)  # (N, m)
+        if self.targets is None:
+            return Draws(ids, self.table[ids], None)
+        if self.shared:
+            log_q = self.table[torch.cat([self.targets.reshape(-1), ids])]  # (N + m,) one lookup for both
+            return Draws(ids, log_q[self.positions :], log_q[: self.positions].unsqueeze(1))
+        joint = torch.cat([self.targets.view(-1, 1), ids], 1)  # (N, 1 + m)
+        log_q = self.table[joint]  # (N, 1 + m) one lookup for both
+        return Draws(joint[:, 1:], log_q[:, 1:], log_q[:, :1], joint)
 
     def log_q(self, ids: Tensor) -> Tensor:
-        known = self.known_log_q(ids)  # looked up with the draws' (``SampledOutput.joint_draw``)
-        return known if known is not None else self.sampler.log_q(self.query, ids, inputs=self.inputs)
+        return self.table[ids]

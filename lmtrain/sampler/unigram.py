@@ -9,6 +9,7 @@ from torch import Tensor
 
 from lmtrain.sampler.base import Sampler
 from lmtrain.sampler.options import UnigramOptions
+from lmtrain.sampler.proposal import TableProposal, positions_of
 
 _SCALE_BITS = 32  # alias thresholds are integers in [0, 2^32]: exact probabilities, immune to dtype casts
 
@@ -26,9 +27,6 @@ class UnigramSampler(Sampler):
     """
 
     runtime_args: ClassVar[tuple[str, ...]] = ("num_classes", "counts")
-
-    per_example = False
-    log_q_by_lookup = True
 
     def __init__(self, num_classes: int, counts: Tensor | None = None, **options: Any) -> None:
         super().__init__()
@@ -59,19 +57,18 @@ class UnigramSampler(Sampler):
             raise ValueError(f"counts must be >= 0 and sampler.smoothing > 0 (got {smoothing}) so every q_i > 0")
         return counts.detach().cpu().to(torch.float64) + smoothing
 
-    def sample(self, hidden: Tensor | None, num_samples: int, inputs: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        ids = self.sample_ids(hidden, num_samples)  # (m,)
-        return ids, self.log_probs[ids]
+    def propose(
+        self, query: Tensor | None, inputs: Tensor | None = None, targets: Tensor | None = None
+    ) -> TableProposal:
+        return TableProposal(self.draw_ids, self.log_probs, positions_of(query, inputs, targets), self.shared, targets)
 
-    def sample_ids(self, hidden: Tensor | None, num_samples: int, inputs: Tensor | None = None) -> Tensor:
+    def draw_ids(self, num_samples: int) -> Tensor:
+        """``num_samples`` ids (k,) drawn from the alias table."""
         device = self.buckets.device
-        bucket = torch.randint(self.num_classes, (num_samples,), device=device)  # (m,)
-        coin = torch.randint(1 << _SCALE_BITS, (num_samples,), device=device)  # (m,) uniform integer
-        threshold, alias = self.buckets[bucket].unbind(1)  # (m,) each, views of one gather
-        return torch.where(coin < threshold, bucket, alias)  # (m,)
-
-    def log_q(self, hidden: Tensor | None, ids: Tensor, inputs: Tensor | None = None) -> Tensor:
-        return self.log_probs[ids]
+        bucket = torch.randint(self.num_classes, (num_samples,), device=device)  # (k,)
+        coin = torch.randint(1 << _SCALE_BITS, (num_samples,), device=device)  # (k,) uniform integer
+        threshold, alias = self.buckets[bucket].unbind(1)  # (k,) each, views of one gather
+        return torch.where(coin < threshold, bucket, alias)  # (k,)
 
 
 def alias_table(weights: Tensor) -> tuple[Tensor, Tensor]:

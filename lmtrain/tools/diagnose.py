@@ -106,8 +106,8 @@ def diagnose(argv: list[str]) -> dict[str, Any]:
     rows = []
     for name in samplers:
         output.attach(build_sampler(name, sampler_overrides, runtime))
-        query = output.query(hidden).detach()
-        kl = proposal_kl(log_p, output.sampler.log_q_all(query, output.num_classes, inputs).double())  # (P,)
+        proposal = output.propose(output.query(hidden), inputs)
+        kl = proposal_kl(log_p, proposal.log_q_all(output.num_classes).double())  # (P,)
         for m in sizes:
             output.num_samples = m
             started = time.perf_counter()

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from lmtrain.output.sampled import SampledSoftmax
+from lmtrain.output.sampled.estimators import joint_softmax_nll
 
 
 @dataclass(frozen=True)
@@ -63,15 +64,14 @@ def sampled_logit_gradient(
     output: SampledSoftmax, hidden: Tensor, target: Tensor, logits: Tensor, inputs: Tensor | None = None
 ) -> Tensor:
     """One draw of the sampled-softmax estimator's gradient with respect to all logits, (N, n) (zero off the
-    target and the drawn ids): ``draw`` and ``sampled_nll`` exactly as in training (``inputs`` (N,): the input
+    target and the drawn ids): ``draw`` and ``offsets`` exactly as in training (``inputs`` (N,): the input
     tokens of the positions), with the logits of the target and of the drawn ids read from ``logits``."""
     o = logits.detach().requires_grad_()
-    query = output.query(hidden)
-    proposal = output.propose(query, inputs)  # the step's proposal: the draws and the targets' log q
-    ids, log_q, tries = output.draw(hidden, inputs, proposal)  # (m,) shared or (N, m) per example
-    neg_logits = o[:, ids] if ids.dim() == 1 else o.gather(1, ids)  # (N, m)
-    target_logit = o.gather(1, target.unsqueeze(1))  # (N, 1)
-    loss = output.sampled_nll(query, target, target_logit, neg_logits, ids, log_q, tries, inputs, proposal)
+    proposal = output.propose(output.query(hidden), inputs, target)  # the step's proposal
+    d = output.draw(proposal)  # ids (m,) shared or (N, m) per example
+    neg_logits = o[:, d.ids] if d.ids.dim() == 1 else o.gather(1, d.ids)  # (N, m)
+    scores = torch.cat([o.gather(1, target.unsqueeze(1)), neg_logits], dim=1)  # (N, 1 + m)
+    loss = joint_softmax_nll(scores, output.offsets(target, d.ids, d.log_q, d.target_log_q, d.tries))
     (grad,) = torch.autograd.grad(loss.sum(), o)
     return grad
 

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from lmtrain.tools.step_fixture import step_fixture, synthetic_counts
+from lmtrain.tools.step_fixture import as_on_a_gpu, forms, step_fixture, synthetic_counts
 
 # operators that neither launch work nor wait for the device: allocations without a fill and metadata
 NO_LAUNCH = {
@@ -182,20 +182,25 @@ def count_draw(overrides: list[str], num_classes: int, positions: int = 700, see
     from lmtrain.config import compose_config
     from lmtrain.training.build import build_module
 
+    overrides, gpu_forms = forms(overrides, on_gpu=False)
     cfg = compose_config(["data=synthetic", f"data.vocab_size={num_classes}", "trainer.accelerator=cpu", *overrides])
     torch.manual_seed(seed)
     counts = synthetic_counts(num_classes)
     stream = torch.multinomial(counts.double(), 20_000, replacement=True)
-    output = build_module(cfg, num_classes, counts, stream).output
+    module = build_module(cfg, num_classes, counts, stream)
+    if gpu_forms:
+        as_on_a_gpu(module)
+    output = module.output
     if not hasattr(output, "sampler"):
         return Counts()
     hidden = torch.randn(positions, cfg.model.hidden_dim)  # (N, d): the encoder's output size
     inputs = torch.multinomial(counts.double(), positions, replacement=True)  # (N,) the previous words
+    target = torch.multinomial(counts.double(), positions, replacement=True)  # (N,) the targets
     with torch.no_grad():
         query = output.query(hidden)  # (N, d'), the output layer's work
         for _ in range(2):  # the last one is counted
             with DispatchCounter() as counter:
-                output.draw(hidden, inputs, output.propose(query, inputs))
+                output.draw(output.propose(query, inputs, target if output.corrects_with_log_q else None))
     return counter.counts
 
 

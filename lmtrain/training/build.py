@@ -8,6 +8,7 @@ Every part class names the values it takes from the data and the model in ``runt
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import lightning as L
@@ -15,10 +16,11 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 
-from lmtrain.common.execution import resolve_execution, set_execution
 from lmtrain.common.runtime import Runtime
 from lmtrain.training.module import LanguageModel
 from lmtrain.training.optim import sparse_rows_match_dense
+
+log = logging.getLogger("lmtrain")
 
 
 def runtime_args(target: str) -> tuple[str, ...]:
@@ -67,7 +69,9 @@ def build_module(cfg: DictConfig, num_classes: int, counts: Tensor, train_ids: T
     encoder = build(cfg.model, Runtime(num_classes), **resolved)
     output = build_output(cfg, num_classes, encoder.output_dim, counts, train_ids)
     module = LanguageModel(encoder, output, optim, cfg.loss_reduction)
-    set_execution(module, resolve_execution(cfg.get("execution", "auto"), str(cfg.trainer.get("accelerator", "auto"))))
+    if cfg.get("execution") is not None:
+        note = "execution=%s is deprecated and ignored: the device decides (a kernel tree's backend: sampler.backend)"
+        log.warning(note, cfg.execution)
     model = OmegaConf.to_container(cfg.model, resolve=True)
     model.pop("sparse_embedding", None)  # how gradients are stored, not what the weights are: any checkpoint fits
     module.signature = {"num_classes": num_classes, "output": cfg.output._target_, "model": model}

@@ -140,7 +140,7 @@ class LanguageModel(MeteredModule):
         return config
 
     def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
-        clip_gradients(self.parameters(), self.optim.get("clip"), self.output.gpu_paths)
+        clip_gradients(self.parameters(), self.optim.get("clip"))
 
     def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
         super().optimizer_step(*args, **kwargs)

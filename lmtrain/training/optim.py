@@ -122,22 +122,16 @@ def merge_repeats(grad: Tensor) -> Tensor:
     return torch.sparse_coo_tensor(rows.unsqueeze(0), merged, grad.shape, check_invariants=False)
 
 
-def _grad_tensors(params: Iterable[Tensor], fixed_shapes: bool = False) -> list[Tensor]:
-    """The tensors holding each gradient's entries: dense grads, and the values of coalesced sparse ones
-    (a view, so scaling it in place scales the sparse gradient); sparse grads are coalesced in place, or with
-    ``fixed_shapes`` (the GPU paths) have their repeated rows merged into a gradient of unchanged size."""
+def _grad_tensors(params: Iterable[Tensor]) -> list[Tensor]:
+    """The tensors holding each gradient's entries: dense grads, and the values of sparse ones with their repeated
+    rows merged (``merge_repeats``: a view, so scaling it in place scales the sparse gradient)."""
     tensors = []
     for p in params:
         if p.grad is None:
             continue
         if p.grad.is_sparse:
-            if fixed_shapes:
-                p.grad = merge_repeats(p.grad)
-                tensors.append(p.grad._values())
-                continue
-            if not p.grad.is_coalesced():
-                p.grad = p.grad.coalesce()  # duplicate rows add up
-            tensors.append(p.grad.values())
+            p.grad = merge_repeats(p.grad)
+            tensors.append(p.grad._values())
         else:
             tensors.append(p.grad)
     return tensors
@@ -150,14 +144,14 @@ def _total_norm(tensors: list[Tensor]) -> Tensor:
     return torch.nn.utils.get_total_norm([t.detach() for t in tensors], foreach=True)
 
 
-def clip_grad_norm(params: Iterable[Tensor], max_norm: float, fixed_shapes: bool = False) -> Tensor:
+def clip_grad_norm(params: Iterable[Tensor], max_norm: float) -> Tensor:
     """Scale all gradients (dense and sparse) so their global norm is at most ``max_norm``.
 
-    Sparse gradients are coalesced in place first (``fixed_shapes``: merged, ``merge_repeats``), so only their
-    touched rows are read or scaled; the norm and the scaling are fused over all gradients (foreach kernels), as in
+    Sparse gradients have their repeated rows merged in place first (``merge_repeats``), so only their touched rows
+    are read or scaled; the norm and the scaling are fused over all gradients (foreach kernels), as in
     torch's own clipping.
     """
-    tensors = _grad_tensors(params, fixed_shapes)
+    tensors = _grad_tensors(params)
     total = _total_norm(tensors)
     if not tensors:
         return total

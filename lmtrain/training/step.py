@@ -100,11 +100,10 @@ def window_loss(
     return Window(loss, objective, hidden, state, LossReading(loss), where)
 
 
-def clip_gradients(params: Iterable[Tensor], clip: float | None, fixed_shapes: bool = False) -> None:
-    """Clip the global gradient norm (sparse gradients included) at ``clip``; None or 0: no clipping.
-    ``fixed_shapes``: the GPU paths' handling of sparse gradients (``lmtrain.training.optim.merge_repeats``)."""
+def clip_gradients(params: Iterable[Tensor], clip: float | None) -> None:
+    """Clip the global gradient norm (sparse gradients included) at ``clip``; None or 0: no clipping."""
     if clip:
-        clip_grad_norm(params, clip, fixed_shapes)
+        clip_grad_norm(params, clip)
 
 
 def after_update(output: OutputLayer) -> None:
@@ -131,7 +130,7 @@ def train_step(
     _ = window.value  # the read, once the backward pass is queued; raises before the weights change
     if inspect is not None:
         inspect(window)
-    clip_gradients([p for m in (encoder, output) for p in m.parameters()], clip, output.gpu_paths)
+    clip_gradients([p for m in (encoder, output) for p in m.parameters()], clip)
     optimizer.step()
     after_update(output)
     return window

@@ -12,30 +12,42 @@ from lmtrain.common.constants import with_ones_column
 from lmtrain.output.base import OutputLayer, changed_rows, initial_bias
 from lmtrain.output.logsumexp import chunked_logsumexp
 from lmtrain.output.rows import gather_rows
-from lmtrain.output.sampled.estimators import draw_negative_ids, draw_negatives
 from lmtrain.output.sampled.options import BiasOptions, SampledOptions
 from lmtrain.sampler.base import Sampler
 from lmtrain.sampler.proposal import Proposal
 
-# per-example scoring: one dense product with the distinct rows when they number at most this many times m
-# (measured with scripts/bench_output.py --per-example; see docs/strategies.md)
-DENSE_RATIO = 20
 
+class Drawn(NamedTuple):
+    """A step's draw as the loss takes it: the ``Draws`` of the proposal and, for distinct draws, the number of
+    draws it took (``tries``, else None)."""
 
-class Draw(NamedTuple):
-    """One step's negatives, scored: the query vectors, the proposal, the drawn ids and their log q (``draw``), the
-    number of draws for distinct negatives (else None), and the scores of the targets (N, 1) and of the negatives
-    (N, m)."""
-
-    query: Tensor  # (N, d')
-    proposal: Proposal  # the step's proposal: the negatives were drawn from it, the targets' log q comes from it
     ids: Tensor  # (m,) shared or (N, m) per position
     log_q: Tensor  # like ids
+    target_log_q: Tensor | None  # (N, 1); None when the proposal was not given the targets
     tries: Tensor | None
-    target_score: Tensor  # (N, 1)
-    noise_score: Tensor  # (N, m)
-    scores: Tensor | None = None  # (N, 1 + m), target first, where both came from one product (the GPU paths)
-    joint_log_q: Tensor | None = None  # (N, 1 + m), target first, where both came from one lookup (the GPU paths)
+    joint_ids: Tensor | None = None  # (N, 1 + m) the targets then the ids, where the proposal joined them
+
+
+class Negatives(NamedTuple):
+    """One step's negatives, scored: the query vectors (N, d'), the proposal they came from, the drawn ids (m,)
+    shared or (N, m) per position with their log q, the targets' log q (N, 1), the number of draws it took for
+    distinct negatives (else None), and the scores of the targets (N, 1) and of the negatives (N, m), views of one
+    (N, 1 + m) tensor ``joint`` where one product gave both (per position), else None."""
+
+    query: Tensor
+    proposal: Proposal
+    ids: Tensor
+    log_q: Tensor
+    target_log_q: Tensor | None  # None where the loss reads no log q (``corrects_with_log_q``)
+    tries: Tensor | None
+    target_scores: Tensor
+    noise_scores: Tensor
+    joint: Tensor | None
+
+    @property
+    def scores(self) -> Tensor:
+        """(N, 1 + m), the target's score first."""
+        return self.joint if self.joint is not None else torch.cat([self.target_scores, self.noise_scores], dim=1)
 
 
 class SampledOutput(OutputLayer):
@@ -53,6 +65,7 @@ class SampledOutput(OutputLayer):
     runtime_args: ClassVar[tuple[str, ...]] = ("num_classes", "dim", "sampler", "counts")
 
     Options: ClassVar[type[SampledOptions]] = SampledOptions
+    corrects_with_log_q: ClassVar[bool] = True  # False where the loss reads no log q (the targets' is not looked up)
     signed_scores: ClassVar[bool] = True  # False where the logit is |o|: then only zero biases make sense
 
     def __init__(
@@ -83,12 +96,12 @@ class SampledOutput(OutputLayer):
 
     def attach(self, sampler: Sampler) -> None:
         """Make ``sampler`` this strategy's proposal: the one place that sets its mode (``shared_negatives``: kernel
-        samplers switch, the others keep their only one), gives it the logit function (a softmax proposal is then
-        this model's softmax) and the current class vectors."""
+        and context-free samplers switch, softmax and bigram keep their only one), gives it the logit function (a
+        softmax proposal is then this model's softmax) and the current class vectors."""
         shared = self.options.shared_negatives
         if shared is not None:
             sampler.share_negatives(shared)
-        self.shared_negatives = not sampler.per_example if shared is None else shared
+        self.shared_negatives = sampler.shared
         self.sampler = sampler
         sampler.use_scores(self.score)
         sampler.update(self.weight.detach())
@@ -118,32 +131,15 @@ class SampledOutput(OutputLayer):
     def score(self, query: Tensor, rows: Tensor) -> Tensor:
         """query (N, d'), rows (k, d') shared or (N, k, d') per example -> logits (N, k).
 
-        The GPU paths multiply with the rows on the left, so the rows' gradient comes out of the product contiguous
-        and the sparse gradient takes it without a copy (one operator fewer), and a target's row-wise dot is one
-        batched product (one operator forward instead of two); the same sums in another order."""
-        if self.gpu_paths:
-            if rows.dim() == 2:
-                return torch.mm(rows, query.T).T  # (N, k), transposed in memory
-            return torch.bmm(rows, query.unsqueeze(2)).view(rows.shape[:2])  # (N, k)
+        The rows are multiplied on the left, so their gradient comes out of the product contiguous and the sparse
+        gradient takes it without a copy."""
         if rows.dim() == 2:
-            return query @ rows.T
-        if rows.shape[1] == 1:  # one row per example (the targets): a row-wise dot, no batched matmul
-            return (query.unsqueeze(1) * rows).sum(2)
-        return torch.einsum("nd,nkd->nk", query, rows)
+            return torch.mm(rows, query.T).T  # (N, k), transposed in memory
+        return torch.bmm(rows, query.unsqueeze(2)).view(rows.shape[:2])  # (N, k)
 
     def query_scores(self, query: Tensor, ids: Tensor) -> Tensor:
         """Logits of the given ids, (m,) shared or (N, m) per example -> (N, m), for query vectors (N, d') built
-        once per step; the gradient into ``weight`` is sparse.
-
-        Per-example ids (N, m) that repeat a lot (N m draws over few distinct classes, as on a small vocabulary)
-        are scored as one dense product with their u distinct rows, (N, d') x (d', u), then picked per position:
-        N u d' multiply-adds in a matrix product cost less than gathering N m rows once u <= ``DENSE_RATIO`` m.
-        """
-        if ids.dim() == 2 and ids.shape[1] > 1 and not self.gpu_paths:  # on a GPU: no data-dependent sizes
-            distinct, inverse = torch.unique(ids, return_inverse=True)  # (u,), (N, m)
-            if distinct.numel() <= DENSE_RATIO * ids.shape[1]:
-                scores = self.score(query, gather_rows(self.weight, distinct, self.options.sparse))  # (N, u)
-                return scores.gather(1, inverse)  # (N, m)
+        once per step; the gradient into ``weight`` is sparse."""
         return self.score(query, gather_rows(self.weight, ids, self.options.sparse))
 
     # --- exact evaluation ---------------------------------------------------------------------
@@ -161,65 +157,36 @@ class SampledOutput(OutputLayer):
         return torch.log_softmax(self.score(self.query(hidden), self.weight), dim=1)  # (N, n), the same scores
 
     # --- training -------------------------------------------------------------------------------
-    def propose(self, query: Tensor, inputs: Tensor | None = None) -> Proposal:
-        """The sampler's proposal for this step, given the query vectors (N, d') and the input tokens (N,)."""
-        return self.sampler.propose(query.detach(), inputs)  # context-free samplers ignore the context
+    def propose(self, query: Tensor, inputs: Tensor | None = None, target: Tensor | None = None) -> Proposal:
+        """The sampler's proposal for this step, given the query vectors (N, d'), the input tokens (N,) and the
+        targets (N,)."""
+        return self.sampler.propose(query.detach(), inputs, target)  # context-free samplers ignore the context
 
-    def draw(
-        self, hidden: Tensor, inputs: Tensor | None = None, proposal: Proposal | None = None
-    ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Negatives: ids (m,) shared or (N, m) per example, their log q, and for distinct draws the number of
-        tries (else None), from the step's ``proposal`` (built here from ``hidden`` and ``inputs`` when None)."""
-        proposal = self.propose(self.query(hidden), inputs) if proposal is None else proposal
-        positions = hidden.shape[0]
-        ids, log_q = draw_negatives(proposal, self.options.num_samples, positions, self.shared_negatives)
-        return ids, log_q, None
+    def draw(self, proposal: Proposal) -> Drawn:
+        """The step's negatives from ``proposal`` (m = ``num_samples``)."""
+        ids, log_q, target_log_q, joint_ids = proposal.draw(self.options.num_samples)
+        return Drawn(ids, log_q, target_log_q, None, joint_ids)
 
-    def scored_draw(self, hidden: Tensor, target: Tensor, inputs: Tensor | None = None) -> Draw:
-        """The step's proposal, ``draw`` and the scores of the targets and the negatives, from query vectors built
+    def negatives(self, hidden: Tensor, target: Tensor, inputs: Tensor | None = None) -> Negatives:
+        """The step's proposal, its draws and the scores of the targets and the negatives, from query vectors built
         once."""
         query = self.query(hidden)  # (N, d')
-        proposal = self.propose(query, inputs)
-        proposal.expect(target.unsqueeze(1))  # the targets' log q may come with the draws' (target_log_q)
-        if self.gpu_paths and proposal.log_q_by_lookup and (proposal.per_example or not self.shared_negatives):
-            return self.joint_draw(query, proposal, target)
-        ids, log_q, tries = self.draw(hidden, inputs, proposal)
-        if self.gpu_paths:
-            return Draw(query, proposal, ids, log_q, tries, *self.joint_scores(query, target, ids))
-        target_score, noise_score = self.query_scores(query, target.unsqueeze(1)), self.query_scores(query, ids)
-        return Draw(query, proposal, ids, log_q, tries, target_score, noise_score)
+        proposal = self.propose(query, inputs, target if self.corrects_with_log_q else None)
+        d = self.draw(proposal)
+        scores = self.joint_scores(query, target, d.ids, d.joint_ids)
+        return Negatives(query, proposal, d.ids, d.log_q, d.target_log_q, d.tries, *scores)
 
-    def joint_draw(self, query: Tensor, proposal: Proposal, target: Tensor) -> Draw:
-        """The GPU paths' per-position draw from a proposal whose log q is a lookup: the ids alone, then the targets'
-        and the negatives' rows and log q each from one gather of the joined ids (N, 1 + m), the targets first (one
-        lookup where the draw's and the targets' took one each). Per position only, so never ``unique`` draws."""
-        ids = self.negative_ids(proposal, query.shape[0])  # (N, m)
-        joint = torch.cat([target.unsqueeze(1), ids], dim=1)  # (N, 1 + m)
-        log_q = proposal.log_q(joint)  # (N, 1 + m)
-        proposal.remember(log_q[:, :1])  # the targets' (N, 1), for target_log_q
-        scores = self.query_scores(query, joint)  # (N, 1 + m)
-        return Draw(query, proposal, ids, log_q[:, 1:], None, scores[:, :1], scores[:, 1:], scores, log_q)
-
-    def negative_ids(self, proposal: Proposal, positions: int) -> Tensor:
-        """The ids alone (positions, m) of a per-position draw whose log q is looked up afterwards (``joint_draw``)."""
-        return draw_negative_ids(proposal, self.options.num_samples, positions)
-
-    def joint_scores(self, query: Tensor, target: Tensor, ids: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
-        """The GPU paths' scores of the targets (N, 1) and the negatives (N, m); per position from one gather of
-        their rows (one sparse gradient) and one product, which is returned too (N, 1 + m). Shared negatives keep
-        two gathers: splitting one gather of N + m rows costs as many operators in the backward pass."""
+    def joint_scores(
+        self, query: Tensor, target: Tensor, ids: Tensor, joint_ids: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """The scores of the targets (N, 1) and the negatives (N, m): per position views of one (N, 1 + m) product
+        with one gather of their rows (``joint_ids`` when the proposal joined them already; one sparse gradient),
+        returned too; shared negatives from the targets' row-wise dots and one product with the m rows."""
         if ids.dim() == 2:
-            scores = self.query_scores(query, torch.cat([target.unsqueeze(1), ids], dim=1))  # (N, 1 + m)
-            return scores[:, :1], scores[:, 1:], scores
+            joint_ids = torch.cat([target.unsqueeze(1), ids], dim=1) if joint_ids is None else joint_ids
+            joint = self.query_scores(query, joint_ids)  # (N, 1 + m)
+            return joint[:, :1], joint[:, 1:], joint
         return self.query_scores(query, target.unsqueeze(1)), self.query_scores(query, ids), None
 
-    def target_log_q(
-        self, query: Tensor, target: Tensor, inputs: Tensor | None = None, proposal: Proposal | None = None
-    ) -> Tensor:
-        """log q of each position's target (N, 1) under the step's ``proposal`` (built from the query vectors
-        (N, d') and ``inputs`` (N,) when None); a batch-shared proposal is the same for every position."""
-        proposal = self.propose(query, inputs) if proposal is None else proposal
-        return proposal.log_q(target.unsqueeze(1))  # (N, 1)
-
     def after_optimizer_step(self) -> None:
-        self.sampler.update(self.weight.detach(), changed_rows(self.weight, repeats=self.gpu_paths))
+        self.sampler.update(self.weight.detach(), changed_rows(self.weight))

@@ -7,14 +7,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from lmtrain.output.sampled.base import Draw, SampledOutput
-from lmtrain.output.sampled.estimators import (
-    joint_logistic_nll,
-    logistic_loss,
-    logistic_nll,
-    noise_contrast_logits,
-    noise_offset,
-)
+from lmtrain.output.sampled.base import SampledOutput
+from lmtrain.output.sampled.estimators import logistic_nll, noise_contrast_logits, noise_offset
 from lmtrain.output.sampled.options import NCEOptions
 from lmtrain.sampler.base import Sampler
 
@@ -38,24 +32,10 @@ class NCE(SampledOutput):
         self.log_z = nn.Parameter(torch.zeros(())) if self.options.learn_log_z else None
 
     def loss(self, hidden: Tensor, target: Tensor, inputs: Tensor | None = None) -> Tensor:
-        d = self.scored_draw(hidden, target, inputs)
-        log_q_target = self.target_log_q(d.query, target, inputs, d.proposal)  # (N, 1)
-        if self.gpu_paths:
-            return self.fixed_loss(d, log_q_target)
+        d = self.negatives(hidden, target, inputs)
         offset = noise_offset(self.options.num_samples, self.log_z)  # ln k + ln Z
-        target_logit = noise_contrast_logits(d.target_score, log_q_target, offset)  # Δ_t (N, 1)
-        noise_logit = noise_contrast_logits(d.noise_score, d.log_q, offset)  # Δ_{s_j} (N, m)
-        return logistic_loss(target_logit, noise_logit).mean()
-
-    def fixed_loss(self, d: Draw, log_q_target: Tensor) -> Tensor:
-        """The GPU paths' loss: the same logits and logistic loss in fewer operators (one (N, 1 + m) tensor of logits
-        where the scores came from one product), equal up to float rounding."""
-        offset = noise_offset(self.options.num_samples, self.log_z)  # ln k + ln Z
-        if d.scores is not None:
-            log_q = d.joint_log_q if d.joint_log_q is not None else torch.cat([log_q_target, d.log_q], dim=1)
-            return joint_logistic_nll(noise_contrast_logits(d.scores, log_q, offset)).mean()  # Δ_t, Δ_{s_j} joint
-        target_logit = noise_contrast_logits(d.target_score, log_q_target, offset)  # Δ_t (N, 1)
-        return logistic_nll(target_logit, noise_contrast_logits(d.noise_score, d.log_q, offset)).mean()
+        target_logit = noise_contrast_logits(d.target_scores, d.target_log_q, offset)  # Δ_t (N, 1)
+        return logistic_nll(target_logit, noise_contrast_logits(d.noise_scores, d.log_q, offset)).mean()
 
     def extra_metrics(self, hidden: Tensor) -> dict[str, Tensor]:
         metrics = {"log_z": self.log_normalizer(hidden).mean()}

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import torch
 from torch import Tensor
 
 from lmtrain.output.sampled.base import SampledOutput
-from lmtrain.output.sampled.estimators import logistic_loss, logistic_nll
+from lmtrain.output.sampled.estimators import logistic_nll
 from lmtrain.output.sampled.options import BiasOptions
 
 
@@ -19,9 +20,9 @@ class NegativeSampling(SampledOutput):
     """
 
     Options: ClassVar[type[BiasOptions]] = BiasOptions
+    corrects_with_log_q: ClassVar[bool] = False
 
     def loss(self, hidden: Tensor, target: Tensor, inputs: Tensor | None = None) -> Tensor:
-        d = self.scored_draw(hidden, target, inputs)
-        if self.gpu_paths:
-            return logistic_nll(d.target_score, d.noise_score).mean()
-        return logistic_loss(d.target_score, d.noise_score).mean()
+        d = self.negatives(hidden, target, inputs)
+        nll = logistic_nll(d.target_scores, d.noise_scores).mean()
+        return nll.to(torch.promote_types(nll.dtype, torch.float32))  # float32 under autocast, as the others' losses

@@ -43,8 +43,8 @@ class BucketScorer:
         size = store.bucket_size
         ids = store.member_ids(bucket)  # (W, L)
         prepared = self.features.prepare(query) if prepared is None else prepared
-        kept = store.cache.prepared_rows(self.features, store.weight) if store.gpu_paths else None  # (B L, d)
-        if self.walk.dense(store.num_buckets, n_query, k) and store.gpu_paths:  # one GEMM, then pick (no padding)
+        kept = store.cache.prepared_rows(self.features, store.weight) if store.fixed_backend else None  # (B L, d)
+        if self.walk.dense(store.num_buckets, n_query, k) and store.fixed_backend:  # one GEMM, then pick (no padding)
             rows = self.features.prepare(store.weight) if kept is None else kept[: store.num_classes]  # (n, d)
             dots = prepared @ rows.T  # (N, n)
             flat = ids.clamp(max=store.num_classes - 1) + self.query_offsets(n_query, k, store.num_classes, ids.device)

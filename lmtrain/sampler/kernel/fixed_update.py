@@ -1,4 +1,4 @@
-"""A kernel tree's after-step update with fixed shapes: the GPU path of ``TreeStore.update`` (``execution=gpu``).
+"""A kernel tree's after-step update with fixed shapes: the GPU path of ``TreeStore.update`` (the fixed backend).
 
 ``TreeStore.update`` finds the distinct changed rows and buckets with ``torch.unique``, counts each bucket's delta
 updates and re-sums only the changed ancestors: every one of those sizes depends on the data, a host sync on a GPU.

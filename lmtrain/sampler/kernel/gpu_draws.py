@@ -1,4 +1,4 @@
-"""A kernel tree's draws and log q with fixed shapes: the GPU path of ``KernelTree`` (``execution=gpu``)."""
+"""A kernel tree's draws and log q with fixed shapes: its fixed backend (``sampler.backend``; the default on a GPU)."""
 
 from __future__ import annotations
 

@@ -23,14 +23,15 @@ class KernelSampler(Sampler):
     """Kernel proposal q_i ∝ K(query, w_i) for a feature map K = <phi, phi>, drawn from a ``KernelTree``.
 
     ``hidden`` is the output layer's query vector (e.g. [h, 1]) and ``update(weight, rows)`` receives the
-    class vectors whose dot product with it is the logit. ``propose(hidden)`` is a step's proposal, in one of two
-    modes, which the output strategy sets (``share_negatives``):
-    - per example (the default, ``per_example`` True): m ids per position, ids and log q of shape (N, m)
+    class vectors whose dot product with it is the logit. ``propose(query, inputs, targets)`` is a step's proposal, in
+    one of two modes, which the output strategy sets (``share_negatives``):
+    - per position (the default, ``shared`` False): m ids per position, ids and log q of shape (N, m)
       (``KernelProposal``);
-    - batch-shared (``per_example`` False): m ids for the whole batch, drawn from the mixture q-bar = (1/N) sum_i
+    - batch-shared (``shared`` True): m ids for the whole batch, drawn from the mixture q-bar = (1/N) sum_i
       q_i of the batch's proposals by one tree walk (``MixtureProposal``); its ``log_q`` is log q-bar of any ids
       (any shape), the same distribution for every position of that batch.
-    ``sample``, ``log_q`` and ``log_q_all`` build a proposal for their own call.
+    The tree's backend (the walk on a CPU, fixed shapes on a GPU) is chosen by ``place`` for the device the weights
+    are on (``KernelOptions.backend``).
 
     The tree is derived state: built from the first weights it sees, refreshed for the changed rows after
     each optimizer step, rebuilt from the weights when ``rows`` is None (a dense optimizer, or a checkpoint
@@ -60,6 +61,7 @@ class KernelSampler(Sampler):
             scored_levels=opts.scored_levels,
             tree_update=opts.tree_update,
         )
+        self.backend = opts.backend
         share = opts.unigram_share
         self.unigram = UnigramShare(share, num_classes, counts) if share else None
         self.shared = False  # the mode; the output strategy sets it (share_negatives)
@@ -70,34 +72,26 @@ class KernelSampler(Sampler):
     def features(self) -> FeatureMap:
         return self.tree.features
 
-    @property
-    def per_example(self) -> bool:  # type: ignore[override]  # follows the mode
-        return not self.shared
-
-    def share_negatives(self, shared: bool) -> None:
-        self.shared = bool(shared)
-
-    def propose(self, hidden: Tensor | None, inputs: Tensor | None = None) -> KernelProposal | MixtureProposal:
-        """This step's proposal for the queries ``hidden`` (N, d'): the mixture of their proposals when the
-        negatives are shared by the batch, else one per position."""
+    def propose(
+        self, query: Tensor | None, inputs: Tensor | None = None, targets: Tensor | None = None
+    ) -> KernelProposal | MixtureProposal:
+        """This step's proposal for the queries (N, d'): the mixture of their proposals when the negatives are shared
+        by the batch, else one per position."""
+        if query is None:
+            raise ValueError("a kernel proposal depends on the queries: pass them (N, d')")
         self._drawn_since_refresh = True
         proposal = MixtureProposal if self.shared else KernelProposal
-        return proposal(self.tree, self._context(hidden), self.unigram)
+        return proposal(self.tree, query, self.unigram, targets)
 
-    def sample(self, hidden: Tensor | None, num_samples: int, inputs: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        return self.propose(hidden).sample(num_samples)
+    def place(self, weight: Tensor) -> None:
+        """Choose the tree's backend for the device of ``weight``, once per device: the fixed-shape backend on a
+        GPU, the walk elsewhere, unless ``backend`` forces one."""
+        fixed = self.backend == "fixed" or (self.backend == "auto" and weight.is_cuda)
+        if fixed != self.tree.fixed_backend:
+            self.tree.use_fixed_backend(fixed)
 
-    def log_q(self, hidden: Tensor | None, ids: Tensor, inputs: Tensor | None = None) -> Tensor:
-        return self.propose(hidden).log_q(ids)
-
-    def log_q_all(self, hidden: Tensor, num_classes: int, inputs: Tensor | None = None) -> Tensor:
-        return self.propose(hidden).log_q_all().expand(hidden.shape[0], -1)
-
-    @staticmethod
-    def _context(hidden: Tensor | None) -> Tensor:
-        if hidden is None:
-            raise ValueError("a kernel proposal depends on the queries: pass them (N, d') as `hidden`")
-        return hidden
+    def follow(self, weight: Tensor) -> None:
+        self.place(weight)
 
     def update(self, weight: Tensor, rows: Tensor | None = None) -> None:
         built = self.tree.weight is not None and self.tree.weight.shape == weight.shape
@@ -106,6 +100,7 @@ class KernelSampler(Sampler):
         if built and rows is not None:
             self.tree.update(weight, rows)
             return
+        self.place(weight)
         start = time.perf_counter()
         self.tree.rebuild(weight)
         seconds = time.perf_counter() - start

@@ -8,7 +8,6 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from lmtrain.common.execution import DeviceAware
 from lmtrain.sampler.kernel.cache import FeatureCache
 from lmtrain.sampler.kernel.features import FeatureMap
 from lmtrain.sampler.kernel.fixed_update import FixedUpdate
@@ -23,7 +22,7 @@ GPU_BLOCK_ELEMENTS = 1 << 30
 DELTA_COST = 2  # a changed row's delta costs two member rows of a bucket recompute (phi(new) and phi(old))
 
 
-class TreeStore(DeviceAware, nn.Module):
+class TreeStore(nn.Module):
     """The node sums of a ``KernelTree``: a complete binary tree over buckets of classes whose nodes store
     z(C) = sum of phi(w_j), j in C.
 
@@ -62,6 +61,7 @@ class TreeStore(DeviceAware, nn.Module):
         tree_update: str = "auto",
     ) -> None:
         super().__init__()
+        self.fixed_backend = False  # the backend, chosen by the sampler for the device (KernelTree.use_fixed_backend)
         if leaf_size is not None and int(leaf_size) < 1:
             raise ValueError(f"sampler.leaf_size must be a positive class count or null, got {leaf_size}")
         if not eps > 0:
@@ -114,7 +114,7 @@ class TreeStore(DeviceAware, nn.Module):
     def update(self, weight: Tensor, rows: Tensor) -> None:
         """Bring the buckets holding ``rows`` up to the current ``weight`` (recomputed, or by deltas for the
         changed rows: see the class docstring) and re-sum their ancestors. The GPU paths: ``FixedUpdate``."""
-        if self.gpu_paths:
+        if self.fixed_backend:
             self.fixed_update.update(weight, rows)
             return
         self.weight = weight
@@ -155,7 +155,7 @@ class TreeStore(DeviceAware, nn.Module):
         dim, size = self.weight.shape[1], self.bucket_size
         cached = self.cache.active
         per_bucket = size * self.nodes.shape[1] if cached else self.features.sum_elements(size, dim)
-        step = max(1, (GPU_BLOCK_ELEMENTS if self.gpu_paths else self.chunk_elements) // per_bucket)
+        step = max(1, (GPU_BLOCK_ELEMENTS if self.fixed_backend else self.chunk_elements) // per_bucket)
         for start in range(0, buckets.numel(), step):  # chunks of buckets bound the memory
             chunk = buckets[start : start + step]
             if cached:
@@ -227,7 +227,7 @@ class TreeStore(DeviceAware, nn.Module):
         """fn over blocks of ``count`` items (queries, nodes) sized so each block's temporaries hold about
         ``budget`` elements (default ``chunk_elements``; ``per_item`` elements per item), concatenated along dim 0.
         On the GPU paths blocks exist only to bound memory (``GPU_BLOCK_ELEMENTS``), not for a cache."""
-        limit = GPU_BLOCK_ELEMENTS if self.gpu_paths else min(self.chunk_elements, budget or self.chunk_elements)
+        limit = GPU_BLOCK_ELEMENTS if self.fixed_backend else min(self.chunk_elements, budget or self.chunk_elements)
         step = max(1, limit // per_item)
         if step >= count:
             return fn(0, count)

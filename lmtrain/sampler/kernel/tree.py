@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from lmtrain.common.execution import DeviceAware
 from lmtrain.sampler.kernel.buckets import BucketScorer, BucketScores
 from lmtrain.sampler.kernel.features import FeatureMap
 from lmtrain.sampler.kernel.fixed_walk import SCORED_LEVELS
@@ -21,7 +20,7 @@ WALK_COST = 0.5
 DENSE_MAX_ENTRIES = 1 << 26  # (N, n) log q entries a dense draw may hold (256 MiB in float32)
 
 
-class KernelTree(DeviceAware, nn.Module):
+class KernelTree(nn.Module):
     """Draws from kernel proposals through a tree of node sums z(C) = sum of phi(w_j), j in C.
 
     It is composed of parts with one job each, which the methods below put together: the feature map ``features``
@@ -44,9 +43,8 @@ class KernelTree(DeviceAware, nn.Module):
     ``phi`` (``features(query)``) when the caller has them already, the batch-shared ones a ``BucketScores`` of
     psi: a step's proposal (``lmtrain.sampler.kernel.proposal``) computes each once for its draws and its targets.
 
-    On the GPU paths (``gpu_paths``, ``lmtrain.common.execution``) the draws and log q of both modes go through
-    ``FixedDraws`` (the same distributions in a fixed number of operators), which take the step's ``FixedStep``
-    (``fixed_step``) as ``fixed``.
+    Two backends, chosen for the device (``use_fixed_backend``): the walk (a CPU's: cache-sized blocks, distinct rows
+    once) and the fixed one (a GPU's: ``FixedDraws``, fixed operators, no host sync; the step's ``FixedStep``).
     """
 
     def __init__(
@@ -62,6 +60,7 @@ class KernelTree(DeviceAware, nn.Module):
         tree_update: str = "auto",
     ) -> None:
         super().__init__()
+        self.fixed_backend = False  # the backend, chosen by the sampler for the device (KernelTree.use_fixed_backend)
         self.features = features  # registered here only: its state-dict keys stay `...tree.features.*`
         # the node sums and their update (no persistent state)
         self.store = TreeStore(features, leaf_size, eps, chunk_elements, refresh, feature_cache, tree_update)
@@ -73,7 +72,7 @@ class KernelTree(DeviceAware, nn.Module):
         """On the GPU paths, what a step's draws and log q share (``FixedStep``): for the queries (N, d) their
         kernel form, features and reach of the top levels, or for features ``phi`` (1, F) (a mixture's psi) the
         reach; None on a CPU."""
-        if not self.gpu_paths:
+        if not self.fixed_backend:
             return None
         if query is not None:
             self._check(query)
@@ -114,9 +113,10 @@ class KernelTree(DeviceAware, nn.Module):
     def depth(self) -> int:
         return self.store.depth
 
-    def use_gpu_paths(self, on: bool) -> None:
-        """Switch the tree and its parts (the store and its cache, the scorer's blocks) to the GPU or CPU paths."""
-        self.gpu_paths = self.store.gpu_paths = bool(on)
+    def use_fixed_backend(self, on: bool) -> None:
+        """Switch the tree and its parts (the store and its cache, the scorer's blocks) to the fixed backend (a GPU's)
+        or to the walk (a CPU's)."""
+        self.fixed_backend = self.store.fixed_backend = bool(on)
 
     def _check(self, query: Tensor) -> None:
         if self.weight is None:
@@ -130,7 +130,7 @@ class KernelTree(DeviceAware, nn.Module):
     ) -> tuple[Tensor, Tensor]:
         """query (N, d) -> ids (N, m) drawn per example, and their exact log q (N, m)."""
         self._check(query)
-        if self.gpu_paths:
+        if self.fixed_backend:
             return self.fixed.sample(query, self.features(query) if phi is None else phi, num_samples, fixed)
         n_query = query.shape[0]
         uniform = torch.rand(self.depth, n_query * num_samples, device=query.device)
@@ -156,14 +156,14 @@ class KernelTree(DeviceAware, nn.Module):
         feats = self.nodes.shape[1]
         dense = 2 * self.num_buckets * feats + self.num_classes * in_features
         walk = num_samples * (self.depth * 2 * feats + self.bucket_size * in_features)
-        if self.gpu_paths:  # the fixed walk: the same operators whatever n
+        if self.fixed_backend:  # the fixed walk: the same operators whatever n
             return False
         return dense <= WALK_COST * walk and n_query * self.num_classes <= DENSE_MAX_ENTRIES
 
     def log_q(self, query: Tensor, ids: Tensor, phi: Tensor | None = None, fixed: FixedStep | None = None) -> Tensor:
         """Exact log q of any ids (N, k) under the walk that ``sample`` performs, (N, k)."""
         self._check(query)
-        if self.gpu_paths:
+        if self.fixed_backend:
             return self.fixed.log_q(query, self.features(query) if phi is None else phi, ids, fixed)
         n_query, k = ids.shape
         bucket = torch.div(ids, self.bucket_size, rounding_mode="floor")  # (N, k)
@@ -182,7 +182,7 @@ class KernelTree(DeviceAware, nn.Module):
         buckets for the number of ids: reach reads 2B node sums per query, the paths k x depth x 2 (gathered,
         ``GATHER_COST`` times slower each)."""
         n_query, k = ids.shape
-        if self.gpu_paths or self.depth == 0 or self.num_buckets > GATHER_COST * k * self.depth * 2:
+        if self.fixed_backend or self.depth == 0 or self.num_buckets > GATHER_COST * k * self.depth * 2:
             return self.log_q(query, ids, phi, fixed)
         bucket = torch.div(ids, self.bucket_size, rounding_mode="floor")  # (N, k)
         logk, _ = self.scorer.kernel(query, bucket.reshape(-1), k)  # (N k, L)
@@ -222,7 +222,7 @@ class KernelTree(DeviceAware, nn.Module):
         self, psi: Tensor, num_samples: int, scores: BucketScores | None = None, fixed: FixedStep | None = None
     ) -> tuple[Tensor, Tensor]:
         """``num_samples`` ids (m,) drawn with psi's walk (see ``mixture``) and their exact log q-bar (m,)."""
-        if self.gpu_paths:
+        if self.fixed_backend:
             return self.fixed.sample_mixture(psi, num_samples, fixed)
         uniform = torch.rand(self.depth, num_samples, device=psi.device)
         bucket, log_path = self.walk.descend(psi.unsqueeze(0), num_samples, uniform)  # (m,) each
@@ -233,7 +233,7 @@ class KernelTree(DeviceAware, nn.Module):
         self, psi: Tensor, ids: Tensor, scores: BucketScores | None = None, fixed: FixedStep | None = None
     ) -> Tensor:
         """Exact log q-bar of any ids (any shape) under psi's walk, the same shape."""
-        if self.gpu_paths:
+        if self.fixed_backend:
             return self.fixed.log_q_mixture(psi, ids, fixed)
         flat = ids.reshape(-1)
         bucket = torch.div(flat, self.bucket_size, rounding_mode="floor")  # (K,)

@@ -47,7 +47,7 @@ class UnigramShare(nn.Module):
 
     def draw(self, *shape: int) -> Tensor:
         """Ids drawn from u, of the given shape."""
-        return self.unigram.sample_ids(None, math.prod(shape)).view(shape)
+        return self.unigram.draw_ids(math.prod(shape)).view(shape)
 
     def mix(self, log_kernel: Tensor, ids: Tensor | None = None) -> Tensor:
         """log q = log((1 - s') q_kernel + s' u) from the kernel's log-probabilities of ``ids`` (same shape), or of

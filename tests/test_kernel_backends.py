@@ -1,18 +1,24 @@
-"""The GPU paths (``execution=gpu``) against the CPU paths on the same tree: the same log q for the same ids, the
-targets' log q computed with the draws equal to the one computed alone, and a training step that learns alike."""
+"""A kernel tree's two backends on the same tree, the fixed one (a GPU's default) against the walk (a CPU's): the same
+log q for the same ids, the targets' log q computed with the draws equal to the one computed alone, and training
+steps that learn alike; and the choice of the backend by the device."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from lmtrain.common.execution import Execution, resolve_execution, set_execution
 from lmtrain.sampler import QuadraticSampler, RFFSampler
 from lmtrain.tools.launches import synthetic_counts
 from tests.conftest import DEVICES
-from tests.forced_steps import CASE_IDS, CASES, assert_same_steps, config, two_steps
+from tests.forced_steps import CASE_IDS, CASES, VOCAB, assert_same_steps, config, two_steps
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def use_backend(made, backend: str) -> None:
+    """Force ``made``'s tree onto ``backend`` (``sampler.backend=walk|fixed``)."""
+    made.backend = backend
+    made.tree.use_fixed_backend(backend == "fixed")
 
 
 def sampler(kind: str, shared: bool, n: int = 300, d: int = 6, device: str = "cpu", **extra):
@@ -22,6 +28,7 @@ def sampler(kind: str, shared: bool, n: int = 300, d: int = 6, device: str = "cp
     made.share_negatives(shared)
     weight = 0.3 * torch.randn(n, d, generator=torch.Generator().manual_seed(0))
     made.to(device).update(weight.to(device))
+    use_backend(made, "walk")
     return made
 
 
@@ -29,7 +36,7 @@ def sampler(kind: str, shared: bool, n: int = 300, d: int = 6, device: str = "cp
 @pytest.mark.parametrize("walked", [1, 2, 3, 4, 0])
 @pytest.mark.parametrize("shared", [False, True, "whole"])
 @pytest.mark.parametrize("kind", ["rff", "quadratic"])
-def test_gpu_paths_give_the_cpu_paths_log_q_and_keep_the_targets(kind, shared, walked, device):
+def test_the_fixed_backend_gives_the_walks_log_q_and_the_targets(kind, shared, walked, device):
     """Per position, and batch-shared with psi walking the last levels or (``whole``) scoring the whole tree; the
     last ``walked`` levels drawn in gathered stages (1 to 3: one stage of as many levels; 4: two of two), or none
     (0: a tree scored whole, per position a stage read from the product). On a GPU too, where the walked levels
@@ -37,61 +44,71 @@ def test_gpu_paths_give_the_cpu_paths_log_q_and_keep_the_targets(kind, shared, w
     made = sampler(kind, bool(shared), device=device)
     gen = torch.Generator().manual_seed(1)
     query = torch.randn(5, 6, generator=gen).to(device)
-    targets = torch.randint(0, 300, (5, 1), generator=gen).to(device)
+    targets = torch.randint(0, 300, (5,), generator=gen).to(device)
     others = torch.randint(0, 300, (5, 7), generator=gen).to(device)
     cpu = made.propose(query)
-    expected_targets, expected_others = cpu.log_q(targets), cpu.log_q(others)
+    expected_targets, expected_others = cpu.log_q(targets[:, None]), cpu.log_q(others)
 
-    set_execution(made, Execution.gpu)
+    use_backend(made, "fixed")
     walk, depth = made.tree.fixed.walk, made.tree.depth
     walk.walked, walk.scored = walked, 0  # a tree of 7 levels: the last ``walked`` drawn in gathered stages
     walk.single_reads = walk.single_reads if shared == "whole" else 0  # one query: every level scored at once
     assert (walk.top(1) == depth) == (shared == "whole" or not walked)
     assert walk.top(5) == depth - (walked or 3)  # a tree scored whole: its last 3 levels a stage of the product's
-    gpu = made.propose(query)
-    torch.testing.assert_close(gpu.log_q(others), expected_others, rtol=1e-5, atol=1e-5)
-    gpu.expect(targets)
-    ids, log_q = gpu.sample(40)
-    torch.testing.assert_close(gpu.log_q(targets), expected_targets, rtol=1e-5, atol=1e-5)  # kept with the draws
-    set_execution(made, Execution.cpu)
-    cpu = made.propose(query)  # a CPU proposal of the same queries (a proposal follows its tree's paths)
-    torch.testing.assert_close(log_q, cpu.log_q(ids), rtol=1e-5, atol=1e-5)  # the draws' log q is the CPU path's
+    fixed = made.propose(query, None, targets)
+    torch.testing.assert_close(fixed.log_q(others), expected_others, rtol=1e-5, atol=1e-5)
+    ids, log_q, target_log_q, _ = fixed.draw(40)
+    torch.testing.assert_close(target_log_q, expected_targets, rtol=1e-5, atol=1e-5)  # walked down with the draws
+    use_backend(made, "walk")
+    cpu = made.propose(query)  # a walk's proposal of the same queries (a proposal follows its tree's backend)
+    torch.testing.assert_close(log_q, cpu.log_q(ids), rtol=1e-5, atol=1e-5)  # the draws' log q is the walk's
 
 
 @pytest.mark.parametrize("scored_levels", [0, 5, 7])
-def test_scored_levels_reach_the_walk_and_keep_the_cpu_paths_log_q(scored_levels):
-    """``sampler.scored_levels`` sets the levels the GPU paths' product scores (the last 4 walked at most: 3 of this
-    7-level tree at 0, 5, and all 7, a tree scored whole); log q stays the CPU path's at each."""
+def test_scored_levels_reach_the_fixed_walk_and_keep_the_walks_log_q(scored_levels):
+    """``sampler.scored_levels`` sets the levels the fixed backend's product scores (the last 4 walked at most: 3 of
+    this 7-level tree at 0, 5, and all 7, a tree scored whole); log q stays the walk's at each."""
     options = {"unigram_share": 0.25, "num_classes": 300, "counts": synthetic_counts(300)}
     made = RFFSampler(D=32, leaf_size=4, scored_levels=scored_levels, **options)
     made.update(0.3 * torch.randn(300, 6, generator=torch.Generator().manual_seed(0)))
     query = torch.randn(5, 6, generator=torch.Generator().manual_seed(1))
     ids = torch.randint(0, 300, (5, 9), generator=torch.Generator().manual_seed(2))
     expected = made.propose(query).log_q(ids)
-    set_execution(made, Execution.gpu)
+    use_backend(made, "fixed")
     assert made.tree.depth == 7 and made.tree.fixed.walk.scored_level(5) == max(3, scored_levels)
     torch.testing.assert_close(made.propose(query).log_q(ids), expected, rtol=1e-5, atol=1e-5)
 
 
-def test_auto_follows_the_device():
-    assert resolve_execution("auto", "cpu") is Execution.cpu
-    assert resolve_execution("auto", "gpu") is Execution.gpu
-    assert resolve_execution("cpu", "gpu") is Execution.cpu
+@pytest.mark.parametrize("device", DEVICES)
+def test_auto_follows_the_device_and_a_forced_backend_stays(device):
+    """``sampler.backend=auto``: the fixed backend for a tree built on a GPU, the walk elsewhere, chosen again when
+    the layer moves (``follow``); ``walk`` and ``fixed`` hold on any device."""
+    weight = 0.3 * torch.randn(300, 6)
+    for backend, expected in (("auto", device == "cuda"), ("walk", False), ("fixed", True)):
+        made = RFFSampler(D=32, leaf_size=4, unigram_share=0.0, backend=backend)
+        made.update(weight.to(device))
+        assert made.tree.fixed_backend == expected, backend
+    made = RFFSampler(D=32, leaf_size=4, unigram_share=0.0)
+    made.update(weight)
+    assert not made.tree.fixed_backend
+    made.follow(weight.to(device))
+    assert made.tree.fixed_backend == (device == "cuda")
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_the_gpu_paths_keep_the_unit_rows_current_through_updates(device):
-    """RFF's unit rows, kept beside its feature cache for the GPU paths' in-bucket scores (zero on the padding rows),
-    equal the normalized weights after every update: changed rows with repeats, then every row at once; log q still
-    equals the CPU path's. The CPU path's update does not keep them: it drops them; the GPU paths make them again."""
+def test_the_fixed_backend_keeps_the_unit_rows_current_through_updates(device):
+    """RFF's unit rows, kept beside its feature cache for the fixed backend's in-bucket scores (zero on the padding
+    rows), equal the normalized weights after every update: changed rows with repeats, then every row at once; log q
+    still equals the walk's. The walk's update does not keep them: it drops them; the fixed backend makes them
+    again."""
     made = sampler("rff", False, n=301, device=device)  # 301 classes: the last bucket has padding slots
     cache, weight = made.tree.store.cache, made.tree.store.weight.clone()
     query = torch.randn(5, 6, generator=torch.Generator().manual_seed(2)).to(device)
     others = torch.randint(0, 301, (5, 7), generator=torch.Generator().manual_seed(3)).to(device)
-    set_execution(made, Execution.gpu)
+    use_backend(made, "fixed")
 
     def assert_current() -> None:
-        made.propose(query).sample(20)  # in-bucket scores read the unit rows (and make them when dropped)
+        made.propose(query).draw(20)  # in-bucket scores read the unit rows (and make them when dropped)
         rows = cache.rows
         torch.testing.assert_close(rows[:301], torch.nn.functional.normalize(weight, dim=-1), rtol=0, atol=0)
         assert rows.shape[0] > 301 and not rows[301:].any()
@@ -102,23 +119,23 @@ def test_the_gpu_paths_keep_the_unit_rows_current_through_updates(device):
         made.update(weight, changed.to(device))
         assert_current()
     expected = made.propose(query).log_q(others)
-    set_execution(made, Execution.cpu)
+    use_backend(made, "walk")
     torch.testing.assert_close(made.propose(query).log_q(others), expected, rtol=1e-5, atol=1e-5)
     made.update(weight, torch.tensor([3]).to(device))
     assert cache.rows.numel() == 0
-    set_execution(made, Execution.gpu)
+    use_backend(made, "fixed")
     assert_current()
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", ["rff", "quadratic"])
-def test_path_deltas_keep_the_cpu_paths_log_q(kind, device):
+def test_path_deltas_keep_the_walks_log_q(kind, device):
     """The tree update by path deltas (``sampler.tree_update=paths``; ``auto`` takes it at 10^6 classes with
     batch-shared negatives): after updates whose rows repeat and share buckets, and one past ``refresh`` that
-    re-sums the tree, every id's log q equals that of a CPU-path tree built from the final weights."""
+    re-sums the tree, every id's log q equals that of a walk's tree built from the final weights."""
     made = sampler(kind, True, device=device, tree_update="paths")
     made.tree.store.refresh = 3
-    set_execution(made, Execution.gpu)
+    use_backend(made, "fixed")
     weight = made.tree.store.weight.clone()
     gen = torch.Generator().manual_seed(5)
     query = torch.randn(5, 6, generator=gen).to(device)
@@ -144,7 +161,8 @@ def test_path_deltas_drift_no_more_than_a_re_sum_over_real_training(kind):
 
     drift = {}
     for mode in ("paths", "resum"):
-        overrides = [f"output={kind}", "output.shared_negatives=true", "execution=gpu", f"sampler.tree_update={mode}"]
+        overrides = [f"output={kind}", "output.shared_negatives=true", "sampler.backend=fixed"]
+        overrides += [f"sampler.tree_update={mode}"]
         overrides += ["model.emb_dim=16", "model.hidden_dim=16", *(["sampler.D=64"] if kind == "rff" else [])]
         fixture = step_fixture(overrides, 20_000, 63)
         output, state = fixture.module.output, None
@@ -162,9 +180,23 @@ def test_path_deltas_drift_no_more_than_a_re_sum_over_real_training(kind):
 
 
 @pytest.mark.parametrize(("output", "extra"), CASES, ids=CASE_IDS)
-def test_two_training_steps_of_the_gpu_paths_equal_the_cpu_paths(output, extra):
-    """Every strategy's GPU paths (``execution=gpu``, here on the CPU) train as its CPU paths do: two steps on the
-    same windows and forced negatives give the same losses and weights (a GPU path that skipped the forced draw,
-    dropped a log q correction or updated a tree differently would not)."""
+def test_two_training_steps_in_a_gpus_forms_equal_a_cpus(output, extra):
+    """Every strategy in the forms it takes on a GPU (the kernel tree's fixed backend, adaptive's fixed shapes; here
+    on the CPU) trains as in a CPU's: two steps on the same windows and forced negatives give the same losses and
+    weights (a backend that skipped the forced draw, dropped a log q correction or updated a tree differently would
+    not)."""
     cfg = config(output, extra)
-    assert_same_steps(two_steps(cfg, "cpu", Execution.gpu), two_steps(cfg, "cpu", Execution.cpu))
+    assert_same_steps(two_steps(cfg, "cpu", gpu_forms=True), two_steps(cfg, "cpu", gpu_forms=False))
+
+
+def test_the_old_execution_key_is_accepted_with_a_one_line_note(caplog):
+    """``execution=`` of earlier releases composes and builds; the device decides, and one line says so."""
+    from lmtrain.training.build import build_module
+
+    cfg = config("rff", "")
+    cfg.execution = "gpu"
+    with caplog.at_level("WARNING", logger="lmtrain"):
+        module = build_module(cfg, VOCAB, synthetic_counts(VOCAB), None)
+    notes = [r.getMessage() for r in caplog.records if "execution" in r.getMessage()]
+    assert len(notes) == 1 and "ignored" in notes[0] and "\n" not in notes[0]
+    assert not module.output.sampler.tree.fixed_backend  # a CPU model: the walk, whatever execution said
