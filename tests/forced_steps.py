@@ -9,13 +9,13 @@ scores them and computes their log q with its own proposal.
 from __future__ import annotations
 
 import torch
+from lab.launches import synthetic_counts
 from omegaconf import DictConfig
 
 from lmtrain.common.execution import Execution, set_execution
 from lmtrain.config import compose_config
 from lmtrain.output.sampled.base import SampledOutput
 from lmtrain.sampler.proposal import Proposal
-from lmtrain.tools.launches import synthetic_counts
 from lmtrain.training.build import build_module
 from lmtrain.training.module import LanguageModel
 from lmtrain.training.step import train_step

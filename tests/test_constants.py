@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 
 import torch
+from lab.launches import DispatchCounter
 
 from lmtrain.common import constants
 from lmtrain.common.constants import with_ones_column
-from lmtrain.tools.launches import DispatchCounter
 
 
 def test_the_column_is_ones_in_the_input_dtype_and_the_join_one_operator():

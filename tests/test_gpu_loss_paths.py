@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from lab.launches import DispatchCounter, synthetic_counts
 
 from lmtrain.common.execution import set_execution
 from lmtrain.output.sampled import cosine
@@ -15,7 +16,6 @@ from lmtrain.output.sampled.estimators import (
     joint_softmax_nll,
     softmax_nll,
 )
-from lmtrain.tools.launches import DispatchCounter, synthetic_counts
 from lmtrain.training.build import build_output
 from lmtrain.training.optim import merge_repeats
 from tests.conftest import make_config

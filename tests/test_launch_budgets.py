@@ -2,7 +2,7 @@
 sampler's operator count bounded by unigram's and not growing with the vocabulary size, and the other strategies
 within 1.5x the full softmax's operators plus their sampler's draw where that is met (docs/gpu.md).
 
-Counts are exact (``lmtrain.tools.launches``), so they are asserted, not timed. The model is small (16 units,
+Counts are exact (``lab.launches``), so they are asserted, not timed. The model is small (16 units,
 D = 32) so that a vocabulary of 10^6 builds in seconds: operator counts depend on the code paths (a kernel tree
 scored whole or walked, blocks), not on the widths (``scripts/bench_launches.py`` counts the default model); the
 1.5x rule is checked on the default model, since the number of LSTM layers changes the full softmax's count."""
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from lab.launches import DispatchCounter, count_draw, count_train_step, counted_step
 
-from lmtrain.tools.launches import DispatchCounter, count_draw, count_train_step, counted_step
 from lmtrain.training.optim import merge_repeats
 
 pytestmark = pytest.mark.usefixtures("one_thread")
