@@ -10,7 +10,7 @@ corpus of ``--corpora`` (PTB, 10^4 types, and ``data=zipf`` at 10^5 and 10^6), i
 ``--precisions``, with the default model (2x200 LSTM, batch 20 x 35). Cells run one after another in this process,
 one job alone on the device; each run's folder (with its last.ckpt) is deleted after it. A cell trains at most
 ``--steps`` steps and ``--cell-seconds`` of training; its tokens/s are timed by
-``lmtrain.tools.step_clock`` after ``--warmup`` steps (synchronized with the device), its peak memory is
+``lab.step_clock`` after ``--warmup`` steps (synchronized with the device), its peak memory is
 ``torch.cuda.max_memory_allocated`` since the cell began. A cell that runs out of memory or fails is recorded
 with the reason and not retried. The whole run keeps to ``--minutes``: a cell whose last run would not end in
 time is skipped for that round (with the reason, where it has no round at all). Writes the record (``--json``,
@@ -32,12 +32,12 @@ from typing import Any
 
 import torch
 from bench_train import base_overrides, data_overrides, plain_round, round_overrides
+from lab.provenance import commit, environment, run_cuda_tests
+from lab.step_clock import clock_throughput
 
 from lmtrain.config import compose_config
 from lmtrain.study.bench import write_bench
 from lmtrain.study.gpu_bench import KIND, PLAIN, PLAIN_READ, checks, median
-from lmtrain.tools.provenance import commit, environment, run_cuda_tests
-from lmtrain.tools.step_clock import clock_throughput
 from lmtrain.training.run import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -142,7 +142,7 @@ def measure(cell: dict[str, Any], args: argparse.Namespace, run_dir: Path) -> fl
         cell["overrides"] = base_overrides(bench, cell["corpus"])
         return plain_round(bench, cell["corpus"], args.cell_seconds, read_loss=cell["strategy"] == PLAIN_READ)
     clock = run_dir / "clock.json"
-    extra = ["+callbacks.clock._target_=lmtrain.tools.step_clock.StepClock", f"+callbacks.clock.path={clock}"]
+    extra = ["+callbacks.clock._target_=lab.step_clock.StepClock", f"+callbacks.clock.path={clock}"]
     extra += [f"+callbacks.clock.warmup={args.warmup}", f"max_train_seconds={args.cell_seconds}"]
     output, *own = cell["entry"].split(":")
     overrides = round_overrides(output, own, args.steps, 20, bench, run_dir, cell["corpus"], extra)

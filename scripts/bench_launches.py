@@ -5,12 +5,12 @@
 
 One ``lmtrain.training.step.train_step`` (forward, backward, clipping, the optimizer step and the after-step tree
 update) of the default model (2x200 LSTM) on a batch of 20 x 35 random tokens, m = 100 where a strategy samples,
-is counted with ``lmtrain.tools.launches.DispatchCounter`` after two warm-up steps, for every strategy at each
+is counted with ``lab.launches.DispatchCounter`` after two warm-up steps, for every strategy at each
 vocabulary size (Zipf counts, no corpus) and under ``execution=cpu`` and ``execution=gpu`` (the GPU paths run on
 the CPU: the counts are the operators a GPU would launch). Counts are exact and machine-independent. The budgets
 of the GPU paths (the issue on GPU-speed sampling) are checked and printed: at most one host sync per step; kernel
 samplers at most 3x unigram's operators and the same count (within 5%) at every size; every other strategy at
-most 1.5x full's plus its sampler's own draw (``lmtrain.tools.launches.count_draw``: the proposal and the m negatives
+most 1.5x full's plus its sampler's own draw (``lab.launches.count_draw``: the proposal and the m negatives
 drawn from it, counted alone; recorded as ``draw_launches`` on the GPU rows).
 """
 
@@ -21,7 +21,9 @@ import json
 import sys
 from pathlib import Path
 
-from lmtrain.tools.launches import count_draw, count_train_step, launches_table
+from lab.launches import count_draw, count_train_step
+
+from lmtrain.study.bench import launches_table
 
 OUTPUTS = (
     "full",

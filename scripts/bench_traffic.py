@@ -5,7 +5,7 @@
 
 One ``lmtrain.training.step.train_step`` of the default model (2x200 LSTM) on a batch of 20 x 35 random tokens
 (``--batch``), m = 100 where a strategy samples, under ``execution=gpu`` (the GPU paths, run here on the CPU), is
-counted with ``lmtrain.tools.traffic.TrafficCounter`` after a warm-up step: the bytes each operator must read and
+counted with ``lab.traffic.TrafficCounter`` after a warm-up step: the bytes each operator must read and
 write at least (the model is in that module's docstring), the operators that launch work and the host syncs, and
 the call sites in lmtrain's code that move the most. Counts are exact and machine-independent; on a GPU of B
 bytes/s the step's operators need at least GiB / B, beside its launches' host time.
@@ -21,8 +21,9 @@ from pathlib import Path
 
 import torch
 from bench_launches import overrides
+from lab.traffic import KIND, count_step_traffic
 
-from lmtrain.tools.traffic import KIND, count_step_traffic, traffic_table
+from lmtrain.study.bench import traffic_table
 
 OUTPUTS = (
     "full:output.train_chunk=0",  # dense, as on a GPU (the CPU budget would chunk it at 10^6)

@@ -21,9 +21,8 @@ import time
 from pathlib import Path
 
 import torch
+from lab.step_fixture import step_fixture
 from torch.profiler import ProfilerActivity, profile
-
-from lmtrain.tools.step_fixture import step_fixture
 
 
 def synchronize(device: str) -> None:

@@ -9,13 +9,13 @@ The sampled strategies draw from the device's random generator, and the two back
 from __future__ import annotations
 
 import torch
+from lab.launches import synthetic_counts
+from lab.step_fixture import as_on_a_cpu, as_on_a_gpu
 from omegaconf import DictConfig
 
 from lmtrain.config import compose_config
 from lmtrain.output.sampled.base import Drawn, SampledOutput
 from lmtrain.sampler.proposal import Proposal
-from lmtrain.tools.launches import synthetic_counts
-from lmtrain.tools.step_fixture import as_on_a_cpu, as_on_a_gpu
 from lmtrain.training.build import build_module
 from lmtrain.training.module import LanguageModel
 from lmtrain.training.step import train_step

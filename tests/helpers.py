@@ -100,14 +100,14 @@ class SignalAtStep(L.Callback):
 
 
 class CountStepSyncs(L.Callback):
-    """Counts the host syncs (``lmtrain.tools.launches.DispatchCounter``) of each training step of a real fit, from
+    """Counts the host syncs (``lab.launches.DispatchCounter``) of each training step of a real fit, from
     one batch start to the next, Lightning's own hooks, logging and callbacks included; a step during which the run
     validated or saved a checkpoint is marked busy. The last instance is ``CountStepSyncs.last``."""
 
     last: CountStepSyncs | None = None
 
     def __init__(self) -> None:
-        from lmtrain.tools.launches import DispatchCounter
+        from lab.launches import DispatchCounter
 
         self.counter = DispatchCounter()
         self.marks: list[int] = []  # the sync count at each batch start, then at the end of training

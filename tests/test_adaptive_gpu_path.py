@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from lab.launches import DispatchCounter
 
 from lmtrain.output import AdaptiveSoftmax
-from lmtrain.tools.launches import DispatchCounter
 
 
 def loss_and_grads(output: AdaptiveSoftmax, hidden: torch.Tensor, target: torch.Tensor, gpu: bool):

@@ -9,11 +9,11 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from lab.provenance import junit_counts
+from lab.step_clock import clock_throughput
 from omegaconf import OmegaConf
 
 from lmtrain.study.bench import render_bench
-from lmtrain.tools.provenance import junit_counts
-from lmtrain.tools.step_clock import clock_throughput
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -128,7 +128,7 @@ def test_the_plain_loop_with_its_loss_read_waits_once_more_a_step(bench_gpu, one
     """Which bug: a "loss read" cell that does not read (then it cannot tell the sync's cost from the rest)."""
     import argparse
 
-    from lmtrain.tools.launches import DispatchCounter
+    from lab.launches import DispatchCounter
 
     bench = argparse.Namespace(
         experiment="none", device="cpu", threads=None, default_malloc=False, steps=5, warmup=1,

@@ -9,10 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from hydra.errors import InstantiationException
+from lab.launches import DispatchCounter
 
 from lmtrain.output import NCE, SampledSoftmax
 from lmtrain.sampler import BigramSampler
-from lmtrain.tools.launches import DispatchCounter
 from lmtrain.training.build import build_output
 from tests.conftest import make_config
 from tests.helpers import draw_negatives, log_q_from, sample_from

@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 
 import torch
+from lab.launches import DispatchCounter
 
 from lmtrain.common import constants
 from lmtrain.common.constants import with_ones_column
-from lmtrain.tools.launches import DispatchCounter
 from tests.helpers import log_q_from
 
 

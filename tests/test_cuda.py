@@ -12,10 +12,10 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from lab.launches import synthetic_counts
 
 from lmtrain.config import compose_config
 from lmtrain.output.sampled.base import SampledOutput
-from lmtrain.tools.launches import synthetic_counts
 from lmtrain.training.build import build_output
 from tests.forced_steps import CASE_IDS, CASES, assert_same_steps, config, two_steps
 from tests.helpers import draw_negatives, sample_from

@@ -1,28 +1,17 @@
-"""The host-time helpers around Lightning's loop keep what the replaced pieces did."""
+"""Host time around Lightning's loop through its public API only: a profiler that records nothing, Lightning's own
+checkpoint callbacks, the metrics files saved at most every few seconds."""
 
 from __future__ import annotations
 
 import csv
+import re
 from datetime import timedelta
 
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.profilers import PassThroughProfiler
 
-from lmtrain.training.host_time import FastAttributes, NoProfiler, RunCheckpoint
-
-
-def test_run_checkpoint_keeps_lightnings_state_key_so_old_checkpoints_restore_their_callback_state(tmp_path):
-    kwargs = dict(dirpath=tmp_path, monitor="val/ppl", mode="min", save_last=True)
-    assert RunCheckpoint(**kwargs).state_key == ModelCheckpoint(**kwargs).state_key
-
-
-def test_run_checkpoint_triggers_by_steps_and_by_minutes_in_one_callback(tmp_path):
-    both = RunCheckpoint(dirpath=tmp_path, every_n_train_steps=500, every_minutes=5.0, save_top_k=0)
-    assert both._every_n_train_steps == 500
-    assert both._train_time_interval == timedelta(minutes=5)
-    steps_only = RunCheckpoint(dirpath=tmp_path, every_n_train_steps=500, save_top_k=0)
-    assert both.state_key != steps_only.state_key and "seconds=300" in both.state_key
+from lmtrain.training.host_time import NoProfiler
 
 
 def test_no_profiler_hands_back_one_reusable_context_and_records_nothing():
@@ -34,21 +23,41 @@ def test_no_profiler_hands_back_one_reusable_context_and_records_nothing():
     assert PassThroughProfiler().profile("a") is not PassThroughProfiler().profile("a")  # what it replaces
 
 
-class _Module(FastAttributes, torch.nn.Module):
-    FAST_ATTRIBUTES = FastAttributes.FAST_ATTRIBUTES | {"_count"}
+def test_periodic_checkpoints_are_lightnings_own_and_an_earlier_single_one_resumes_without_a_warning(
+    tiny_config, tmp_path, recwarn
+):
+    """Lightning's ModelCheckpoint by steps and another by minutes (no private attribute set); a checkpoint whose
+    one periodic callback did both (earlier lmtrain) resumes without Lightning's missing-callback warning, which
+    still names any other callback missing."""
+    from lmtrain.training.library_logs import OLD_PERIODIC
+    from lmtrain.training.run import train
+    from lmtrain.training.trainer import build_callbacks
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._count = 0
-        self.layer = torch.nn.Linear(2, 2)
+    cfg = tiny_config("checkpoint_every_n_steps=3", "trainer.max_steps=6", "test_after_fit=false")
+    best, steps, minutes = build_callbacks(cfg, tmp_path / "checkpoints", "")[:3]
+    assert {type(best), type(steps), type(minutes)} == {ModelCheckpoint}
+    assert "'every_n_train_steps': 3" in steps.state_key and repr(timedelta(minutes=5)) in minutes.state_key
+    train(cfg)
+    path = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    single = steps.state_key.replace("None}", "datetime.timedelta(seconds=300)}")  # both triggers in one callback
+    checkpoint["callbacks"][single] = checkpoint["callbacks"].pop(steps.state_key)
+    del checkpoint["callbacks"][minutes.state_key]
+    torch.save(checkpoint, path)
+    train(tiny_config(f"ckpt_path={path}", "trainer.max_steps=9", "test_after_fit=false", run_dir=tmp_path / "on"))
+    assert not [w for w in recwarn if "callbacks used to create the checkpoint" in str(w.message)]
+    assert (tmp_path / "on" / "checkpoints" / "last.ckpt").is_file()
+    assert re.match(OLD_PERIODIC, _missing([single]))
+    assert not re.match(OLD_PERIODIC, _missing([single, "EarlyStopping{'monitor': 'val/ppl', 'mode': 'min'}"]))
+    assert not re.match(OLD_PERIODIC, _missing([steps.state_key]))
 
 
-def test_fast_attributes_skip_module_bookkeeping_only_for_the_listed_names():
-    module = _Module()
-    module._count, module._current_fx_name = 3, "training_step"
-    assert module.__dict__["_count"] == 3 and module.__dict__["_current_fx_name"] == "training_step"
-    module.other = torch.nn.Linear(2, 2)  # any other name still registers submodules and parameters
-    assert "other" in module._modules and len(list(module.parameters())) == 4
+def _missing(keys: list[str]) -> str:
+    """Lightning's warning when a checkpoint holds the state of callbacks that the run lacks (trainer/call.py)."""
+    return (
+        "Be aware that when using `ckpt_path`, callbacks used to create the checkpoint need to be provided during "
+        f"`Trainer` instantiation. Please add the following callbacks: {keys}."
+    )
 
 
 def test_metrics_csv_is_written_at_most_every_few_seconds_and_complete_at_the_end(tiny_config, tmp_path, monkeypatch):

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from lab.launches import synthetic_counts
 
 from lmtrain.sampler import QuadraticSampler, RFFSampler
-from lmtrain.tools.launches import synthetic_counts
 from tests.conftest import DEVICES
 from tests.forced_steps import CASE_IDS, CASES, VOCAB, assert_same_steps, config, two_steps
 
@@ -157,7 +157,7 @@ def test_path_deltas_drift_no_more_than_a_re_sum_over_real_training(kind):
     """63 SGD steps of batch-shared training (the most updates between two refreshes) with each tree update: the
     sampler's log q then against the same tree rebuilt from its weights. The path deltas round at every ancestor
     (the root takes 800 adds a step) where a re-sum rounds only at the leaves; both stay far below 1e-4 nats."""
-    from lmtrain.tools.step_fixture import step_fixture
+    from lab.step_fixture import step_fixture
 
     drift = {}
     for mode in ("paths", "resum"):

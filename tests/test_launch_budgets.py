@@ -1,9 +1,9 @@
 """What a training step asks of a GPU, counted on the CPU in the forms a GPU takes (``execution=gpu``, the counter's own
-override: ``lmtrain.tools.step_fixture.as_on_a_gpu``): at most one host sync, a kernel
+override: ``lab.step_fixture.as_on_a_gpu``): at most one host sync, a kernel
 sampler's operator count bounded by unigram's and not growing with the vocabulary size, and the other strategies
 within 1.5x the full softmax's operators plus their sampler's draw where that is met (docs/gpu.md).
 
-Counts are exact (``lmtrain.tools.launches``), so they are asserted, not timed. The model is small (16 units,
+Counts are exact (``lab.launches``), so they are asserted, not timed. The model is small (16 units,
 D = 32) so that a vocabulary of 10^6 builds in seconds: operator counts depend on the code paths (a kernel tree
 scored whole or walked, blocks), not on the widths (``scripts/bench_launches.py`` counts the default model); the
 1.5x rule is checked on the default model, since the number of LSTM layers changes the full softmax's count."""
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from lab.launches import DispatchCounter, count_draw, count_train_step, counted_step
 
-from lmtrain.tools.launches import DispatchCounter, count_draw, count_train_step, counted_step
 from lmtrain.training.optim import merge_repeats
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from lab.launches import DispatchCounter, synthetic_counts
 
 from lmtrain.output.sampled.estimators import accidental_hits, exact_offsets, joint_softmax_nll
-from lmtrain.tools.launches import DispatchCounter, synthetic_counts
 from lmtrain.training.build import build_output
 from lmtrain.training.optim import merge_repeats
 from tests.conftest import make_config

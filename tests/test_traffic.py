@@ -1,10 +1,9 @@
-"""lmtrain.tools.traffic: the bytes an operator reads and writes at least, as the model says, on small cases."""
+"""lab.traffic: the bytes an operator reads and writes at least, as the model says, on small cases."""
 
 from __future__ import annotations
 
 import torch
-
-from lmtrain.tools.traffic import TrafficCounter, count_step_traffic, tensor_bytes
+from lab.traffic import TrafficCounter, count_step_traffic, tensor_bytes
 
 F32 = 4
 

@@ -1,11 +1,13 @@
 """A throughput benchmark's record (``scripts/bench_train.py --json``) rendered as a table: tokens/s per strategy,
 the median of interleaved rounds, and the ratio to the full softmax measured in the same run. A GPU benchmark's
-record (``scripts/bench_gpu.py``) has its own layout (``lmtrain.study.gpu_bench``)."""
+record (``scripts/bench_gpu.py``) has its own layout (``lmtrain.study.gpu_bench``); the counts of
+``scripts/bench_launches.py`` and ``scripts/bench_traffic.py`` (measured by ``scripts/lab/``) are rendered here too."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from lmtrain.study.gpu_bench import KIND, render_gpu
 
@@ -14,14 +16,10 @@ def render_bench(path: Path) -> str:
     """The markdown table of one bench_train JSON record (every corpus it measured), or of a bench_gpu record."""
     record = json.loads(path.read_text())
     if "budgets" in record and "rows" in record:  # a scripts/bench_launches.py record
-        from lmtrain.tools.launches import launches_table
-
         return launches_table(record)
     if record.get("kind") == KIND:
         return render_gpu(path.name, record)
     if record.get("kind") == "bench_traffic":  # a scripts/bench_traffic.py record
-        from lmtrain.tools.traffic import traffic_table
-
         return traffic_table(record)
     isolated = ", each cell in its own process" if "child" in str(record.get("peak_memory", "")) else ""
     lines = [
@@ -47,3 +45,67 @@ def write_bench(path: Path) -> Path:
     out = path.with_suffix(".md")
     out.write_text(render_bench(path))
     return out
+
+
+def launches_table(record: dict[str, Any]) -> str:
+    """A ``scripts/bench_launches.py`` record as markdown: per strategy and size, operators / syncs on the CPU and
+    the GPU paths."""
+    rows = record["rows"]
+    cells = {(r["output"], r["n"], r["execution"]): _launches_cell(r) for r in rows}
+    sizes = sorted({r["n"] for r in rows})
+    outputs = list(dict.fromkeys(r["output"] for r in rows))
+    head = ["output", *(f"n = {n:,} {path}" for n in sizes for path in ("cpu", "gpu"))]
+    lines = [
+        f"<!-- written by `{record['command']}`: do not edit -->",
+        "Operators that launch work / host syncs of one `train_step` (default model, batch 20 x 35, m = 100), "
+        "in a CPU's forms (`execution=cpu`: the kernel tree's walk, torch's adaptive module) and a GPU's "
+        "(`execution=gpu`: the fixed backend, adaptive's fixed shapes; counted on the CPU); in brackets the "
+        "operators of the sampler's draw alone, part of the step's.",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join("---" for _ in head) + "|",
+    ]
+    for output in outputs:
+        values = [cells.get((output, n, path), "") for n in sizes for path in ("cpu", "gpu")]
+        lines.append(f"| {output} | " + " | ".join(values) + " |")
+    return "\n".join([*lines, "", *(f"- {line}" for line in record["budgets"])]) + "\n"
+
+
+def _launches_cell(row: dict[str, Any]) -> str:
+    """A row of the record as its table cell: operators / syncs, and (draw k) where the draw was counted."""
+    draw = row.get("draw_launches")
+    return f"{row['launches']:,} / {row['syncs']}" + (f" (draw {draw})" if draw else "")
+
+
+def traffic_table(record: dict[str, Any]) -> str:
+    """Markdown: GiB / G multiply-adds / operators / syncs per strategy (rows) and size (columns), then each
+    cell's top sites."""
+    sizes = record["sizes"]
+    lines = [
+        f"<!-- written by `{record['command']}`: do not edit -->",
+        f"Modelled memory traffic of one `train_step` (default model, batch {record['batch']}, m = 100), GPU paths "
+        "(`execution=gpu`): GiB read and written at least / G multiply-adds of the products / operators that launch "
+        "work / host syncs "
+        "(`scripts/lab/traffic.py`).",
+        "",
+        "| output | " + " | ".join(f"n = {n:,}" for n in sizes) + " |",
+        "|---|" + "---|" * len(sizes),
+    ]
+    cells = {(r["output"], r["n"]): r for r in record["rows"]}
+    for output in record["outputs"]:
+        row = [output]
+        for n in sizes:
+            r = cells.get((output, n))
+            row.append("" if r is None else _traffic_cell(r))
+        lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+    for r in record["rows"]:
+        sites = ", ".join(f"{s['op']} at {s['where']} {s['bytes'] / 2**30:.2f}" for s in r["top"])
+        lines.append(f"- {r['output']} at n = {r['n']:,}: {sites}")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _traffic_cell(row: dict[str, Any]) -> str:
+    """One table cell: GiB / G multiply-adds / operators / syncs."""
+    return f"{row['bytes'] / 2**30:.2f} / {row['macs'] / 1e9:.1f} / {row['launches']} / {row['syncs']}"

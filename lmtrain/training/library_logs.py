@@ -16,6 +16,9 @@
   folder the run goes on in and how to continue in the old one instead.
 - "ModelCheckpoint(monitor='val/ppl') could not find the monitored key" in a run without validation: there is no
   best checkpoint to write then (Lightning writes none either), and its hint to log val/ppl does not apply.
+- "callbacks used to create the checkpoint need to be provided" when the one callback missing is the periodic
+  checkpoint that earlier lmtrain wrote by steps and by minutes in one callback (``RunCheckpoint``): two of
+  Lightning's own now do its work (steps, minutes), and what it kept (its last checkpoint's path) is not needed.
 """
 
 from __future__ import annotations
@@ -33,6 +36,13 @@ FILE_ONLY = (
     "Restored all states from the checkpoint at",
     "Loaded model weights from the checkpoint at",
 )
+# the periodic checkpoint of earlier lmtrain, one callback by steps and by minutes (now two), missing on a resume
+OLD_PERIODIC = (
+    r"Be aware that when using `ckpt_path`, callbacks used to create the checkpoint need to be provided during "
+    r"`Trainer` instantiation\. Please add the following callbacks: \[\"ModelCheckpoint\{'monitor': None, "
+    r"'mode': 'min', 'every_n_train_steps': \d+, 'every_n_epochs': 0, "
+    r"'train_time_interval': datetime\.timedelta\([^)]*\)\}\"\]\.$"
+)
 WARNINGS = (
     (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning),
     (r"torch\.distributed\.nn\.functional\.all_gather is deprecated", FutureWarning),  # Lightning's all_gather
@@ -40,6 +50,7 @@ WARNINGS = (
     (r"The dirpath has changed from", UserWarning),  # a resume into a new folder: lmtrain says so in its own line
     # a run without validation has no val/ppl: the best checkpoint is not written (Lightning raises once one ran)
     (r"`ModelCheckpoint\(monitor='val/ppl'\)` could not find the monitored key", UserWarning),
+    (OLD_PERIODIC, UserWarning),
     # under DDP: the evaluation sums are reduced across ranks by lmtrain before they are logged
     (r"It is recommended to use `self\.log\('((val|test)/(loss|ppl)|epoch|step)', \.\.\., sync_dist", UserWarning),
 )

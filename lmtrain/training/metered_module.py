@@ -13,26 +13,10 @@ import lightning as L
 import torch
 from torch import Tensor
 
-from lmtrain.training.host_time import FastAttributes
 
-
-class MeteredModule(FastAttributes, L.LightningModule):
+class MeteredModule(L.LightningModule):
     """A LightningModule that meters its training: the per-step metrics and the training clock (see the module
     docstring)."""
-
-    # written at every step with host values: no nn.Module checks (FastAttributes)
-    FAST_ATTRIBUTES = FastAttributes.FAST_ATTRIBUTES | {
-        "_clock",
-        "_tokens",
-        "_loss_sum",
-        "_loss_steps",
-        "_trained",
-        "_run_tokens",
-        "_run_from",
-        "_segment",
-        "train_seconds",
-        "_saved_at",
-    }
 
     def __init__(self) -> None:
         super().__init__()

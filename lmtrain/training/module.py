@@ -36,8 +36,6 @@ class LanguageModel(MeteredModule):
     (``lmtrain.training.resume``).
     """
 
-    FAST_ATTRIBUTES = MeteredModule.FAST_ATTRIBUTES | {"_batches_done", "_window"}  # set every step (FastAttributes)
-
     def __init__(self, encoder: nn.Module, output: OutputLayer, optim: dict[str, Any], loss_reduction: str) -> None:
         super().__init__()
         self.encoder, self.output = encoder, output

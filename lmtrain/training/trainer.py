@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import lightning as L
 import torch
 from hydra.utils import instantiate
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig
 
 from lmtrain.training.callbacks import EpochSummary, ProgressBar, TrainingTimeLimit, ValidateAtEnd
 from lmtrain.training.checkpoints import AtomicCheckpointIO
-from lmtrain.training.host_time import NoProfiler, RunCheckpoint
+from lmtrain.training.host_time import NoProfiler
 from lmtrain.training.memory import reuse_freed_memory
 from lmtrain.training.stop import GracefulStop
 from lmtrain.training.threads import apply_threads
@@ -35,7 +37,7 @@ def build_callbacks(cfg: DictConfig, ckpt_dir: Path, resume: str) -> list[L.Call
     (a signal writes last.ckpt too; ``resume``: the command that resumes it) and the configured ones
     (``callbacks.NAME._target_``)."""
     return [
-        RunCheckpoint(
+        ModelCheckpoint(
             dirpath=ckpt_dir,
             filename="best-{epoch:02d}",
             monitor="val/ppl",
@@ -44,10 +46,16 @@ def build_callbacks(cfg: DictConfig, ckpt_dir: Path, resume: str) -> list[L.Call
             save_last=True,
             enable_version_counter=False,
         ),
-        RunCheckpoint(  # by steps and by time: a short run killed before its first periodic step is resumable too
+        ModelCheckpoint(
             dirpath=ckpt_dir,
             every_n_train_steps=cfg.checkpoint_every_n_steps,
-            every_minutes=cfg.checkpoint_every_minutes,
+            save_top_k=0,
+            save_last=True,
+            enable_version_counter=False,
+        ),
+        ModelCheckpoint(  # by time as well: a short run killed before its first periodic step is resumable too
+            dirpath=ckpt_dir,
+            train_time_interval=timedelta(minutes=cfg.checkpoint_every_minutes),
             save_top_k=0,
             save_last=True,
             enable_version_counter=False,

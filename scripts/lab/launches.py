@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from lmtrain.tools.step_fixture import as_on_a_gpu, forms, step_fixture, synthetic_counts
+from lab.step_fixture import as_on_a_gpu, forms, step_fixture, synthetic_counts
 
 # operators that neither launch work nor wait for the device: allocations without a fill and metadata
 NO_LAUNCH = {
@@ -202,32 +202,3 @@ def count_draw(overrides: list[str], num_classes: int, positions: int = 700, see
             with DispatchCounter() as counter:
                 output.draw(output.propose(query, inputs, target if output.corrects_with_log_q else None))
     return counter.counts
-
-
-def launches_table(record: dict[str, Any]) -> str:
-    """A ``scripts/bench_launches.py`` record as markdown: per strategy and size, operators / syncs on the CPU and
-    the GPU paths."""
-    rows = record["rows"]
-    cells = {(r["output"], r["n"], r["execution"]): cell(r) for r in rows}
-    sizes = sorted({r["n"] for r in rows})
-    outputs = list(dict.fromkeys(r["output"] for r in rows))
-    head = ["output", *(f"n = {n:,} {path}" for n in sizes for path in ("cpu", "gpu"))]
-    lines = [
-        f"<!-- written by `{record['command']}`: do not edit -->",
-        "Operators that launch work / host syncs of one `train_step` (default model, batch 20 x 35, m = 100), "
-        "CPU paths (`execution=cpu`, what a GPU ran before) and GPU paths (`execution=gpu`); in brackets the "
-        "operators of the sampler's draw alone, part of the step's.",
-        "",
-        "| " + " | ".join(head) + " |",
-        "|" + "|".join("---" for _ in head) + "|",
-    ]
-    for output in outputs:
-        values = [cells.get((output, n, path), "") for n in sizes for path in ("cpu", "gpu")]
-        lines.append(f"| {output} | " + " | ".join(values) + " |")
-    return "\n".join([*lines, "", *(f"- {line}" for line in record["budgets"])]) + "\n"
-
-
-def cell(row: dict[str, Any]) -> str:
-    """A row of the record as its table cell: operators / syncs, and (draw k) where the draw was counted."""
-    draw = row.get("draw_launches")
-    return f"{row['launches']:,} / {row['syncs']}" + (f" (draw {draw})" if draw else "")

@@ -29,6 +29,7 @@ the launches), and a change that removes a pass over a large tensor shows here o
 
 from __future__ import annotations
 
+import os
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
@@ -37,8 +38,10 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
-from lmtrain.tools.launches import Counts, DispatchCounter, counted_step
+import lmtrain
+from lab.launches import Counts, DispatchCounter, counted_step
 
+PACKAGE = os.path.dirname(lmtrain.__file__) + os.sep  # where lmtrain's own code lies
 KIND = "bench_traffic"  # a scripts/bench_traffic.py record
 GATHERS = {"index_select", "index", "gather", "embedding", "take", "_embedding_bag", "embedding_bag"}
 SCATTERS = {
@@ -143,11 +146,10 @@ class TrafficCounter(DispatchCounter):
 
 
 def _call_site() -> str:
-    """The innermost frame in lmtrain's own code outside ``lmtrain.tools``, as ``path:line`` under lmtrain/."""
+    """The innermost frame in lmtrain's own code (the package, not this lab), as ``path:line`` under lmtrain/."""
     for frame in reversed(traceback.extract_stack()[:-2]):
-        path = frame.filename.replace("\\", "/")
-        if "/lmtrain/" in path and "/lmtrain/tools/" not in path:
-            return f"{path.rsplit('/lmtrain/', 1)[1]}:{frame.lineno}"
+        if frame.filename.startswith(PACKAGE):
+            return f"{frame.filename[len(PACKAGE) :].replace(os.sep, '/')}:{frame.lineno}"
     return "torch"
 
 
@@ -157,37 +159,3 @@ def count_step_traffic(
     """Launches, syncs and modelled bytes of one ``train_step`` (``launches.count_train_step``'s step)."""
     counter = counted_step(TrafficCounter, overrides, num_classes, batch, warmup, seed)
     return counter.counts, counter.traffic
-
-
-def traffic_table(record: dict[str, Any]) -> str:
-    """Markdown: GiB / G multiply-adds / operators / syncs per strategy (rows) and size (columns), then each
-    cell's top sites."""
-    sizes = record["sizes"]
-    lines = [
-        f"<!-- written by `{record['command']}`: do not edit -->",
-        f"Modelled memory traffic of one `train_step` (default model, batch {record['batch']}, m = 100), GPU paths "
-        "(`execution=gpu`): GiB read and written at least / G multiply-adds of the products / operators that launch "
-        "work / host syncs "
-        "(`lmtrain.tools.traffic`).",
-        "",
-        "| output | " + " | ".join(f"n = {n:,}" for n in sizes) + " |",
-        "|---|" + "---|" * len(sizes),
-    ]
-    cells = {(r["output"], r["n"]): r for r in record["rows"]}
-    for output in record["outputs"]:
-        row = [output]
-        for n in sizes:
-            r = cells.get((output, n))
-            row.append("" if r is None else _cell(r))
-        lines.append("| " + " | ".join(row) + " |")
-    lines.append("")
-    for r in record["rows"]:
-        sites = ", ".join(f"{s['op']} at {s['where']} {s['bytes'] / 2**30:.2f}" for s in r["top"])
-        lines.append(f"- {r['output']} at n = {r['n']:,}: {sites}")
-    lines.append("")
-    return "\n".join(lines)
-
-
-def _cell(row: dict[str, Any]) -> str:
-    """One table cell: GiB / G multiply-adds / operators / syncs."""
-    return f"{row['bytes'] / 2**30:.2f} / {row['macs'] / 1e9:.1f} / {row['launches']} / {row['syncs']}"

@@ -1,8 +1,8 @@
 """A benchmark's clock inside a training run: the time at the end of every optimizer step, for tokens/s that need
 no logging interval (``scripts/bench_gpu.py``).
 
-``StepClock`` is added to a run as a configured callback (``+callbacks.clock._target_=lmtrain.tools.step_clock.
-StepClock +callbacks.clock.path=FILE +callbacks.clock.warmup=W``) and writes, when training ends, the end time and
+``StepClock`` is added to a run as a configured callback (``+callbacks.clock._target_=lab.step_clock.StepClock
++callbacks.clock.path=FILE +callbacks.clock.warmup=W``) and writes, when training ends, the end time and
 tokens of every step to FILE. On a GPU the host runs ahead of the device, so the clock waits for the device
 (``torch.cuda.synchronize``) at the end of each of the first ``warmup`` steps and of the last one: the timed
 stretch then starts and ends with the device idle, and the steps in between run as they would in a real run

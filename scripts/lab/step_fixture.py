@@ -1,6 +1,6 @@
 """One training step ready to run on its own: the model a config describes, its optimizer and random batches.
 
-What ``lmtrain.tools.launches`` counts, ``lmtrain.tools.traffic`` models and ``scripts/profile_step.py`` profiles:
+What ``lab.launches`` counts, ``lab.traffic`` models and ``scripts/profile_step.py`` profiles:
 ``step_fixture`` builds the default model (or any ``output=`` / ``sampler=`` choice) for a vocabulary of Zipf counts,
 without a corpus, and ``StepFixture.step`` takes one ``lmtrain.training.step.train_step``.
 """
