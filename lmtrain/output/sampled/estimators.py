@@ -81,6 +81,9 @@ def draw_unique(proposal: Proposal, num_samples: int) -> tuple[Tensor, Tensor, T
     seen, target_log_q = 0, None
     while seen < num_samples:
         batch, _, target_log_q, _ = proposal.draw(num_samples)
+        if batch.shape[-1] != num_samples:
+            name = type(proposal).__name__
+            raise ValueError(f"output.unique=true needs a proposal that draws the m it is asked; {name} fixes its own")
         drawn.append(batch)
         seen = torch.unique(torch.cat(drawn)).numel()
     stream = torch.cat(drawn)  # (T,) all draws in order

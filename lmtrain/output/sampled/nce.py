@@ -33,7 +33,7 @@ class NCE(SampledOutput):
 
     def loss(self, hidden: Tensor, target: Tensor, inputs: Tensor | None = None) -> Tensor:
         d = self.negatives(hidden, target, inputs)
-        offset = noise_offset(self.options.num_samples, self.log_z)  # ln k + ln Z
+        offset = noise_offset(d.ids.shape[-1], self.log_z)  # ln k + ln Z, k as drawn
         target_logit = noise_contrast_logits(d.target_scores, d.target_log_q, offset)  # Δ_t (N, 1)
         return logistic_nll(target_logit, noise_contrast_logits(d.noise_scores, d.log_q, offset)).mean()
 

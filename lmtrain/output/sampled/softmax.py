@@ -63,8 +63,9 @@ class SampledSoftmax(SampledOutput):
         opts = self.options
         hits = accidental_hits(ids, target)  # (N, m)
         log_q = log_q.expand(hits.shape)  # (N, m)
+        drawn = ids.shape[-1]  # m as drawn: a proposal may fix its own (in-batch negatives)
         if tries is None and opts.correction == "exact" and opts.remove_accidental_hits:
-            return exact_offsets(log_q, target_log_q.reshape(-1), hits, opts.num_samples)
+            return exact_offsets(log_q, target_log_q.reshape(-1), hits, drawn)
         # classic, and exact when no negative is removed (the two agree then)
-        offsets = classic_offsets(log_q, opts.num_samples) if tries is None else expected_count_offsets(log_q, tries)
+        offsets = classic_offsets(log_q, drawn) if tries is None else expected_count_offsets(log_q, tries)
         return offsets.masked_fill(hits, float("inf")) if opts.remove_accidental_hits else offsets
