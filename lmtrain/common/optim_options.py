@@ -7,14 +7,38 @@ from dataclasses import dataclass, field
 
 import torch
 
+from lmtrain.common.ranges import Checked, Choice
+
+
+class ScheduleKind(Choice):
+    """step: lr * decay every epoch after ``start`` epochs; plateau: lr * decay after ``patience`` epochs without a
+    val/ppl improvement; none (or null)."""
+
+    step = "step"
+    plateau = "plateau"
+    none = "none"
+
+
+class OptimName(Choice):
+    """The optimizer of the dense parameters (``lmtrain.training.optim.build_optimizer``)."""
+
+    sgd = "sgd"
+    adagrad = "adagrad"
+    adam = "adam"
+
+
+class SparseOptimizer(Choice):
+    """Under adam, the optimizer of the sparse rows."""
+
+    sparse_adam = "sparse_adam"
+    adagrad = "adagrad"
+
 
 @dataclass
-class ScheduleOptions:
+class ScheduleOptions(Checked):
     """The keys of ``optim.schedule`` and their defaults (also its config schema, ``lmtrain/config/``)."""
 
-    # step: lr * decay every epoch after `start` epochs; plateau: lr * decay after `patience` epochs without a
-    # val/ppl improvement; none
-    kind: str | None = field(default="none", metadata={"choices": ("step", "plateau", "none", None)})
+    kind: ScheduleKind | None = ScheduleKind.none
     start: int = field(default=0, metadata={"at_least": 0})  # step: epochs at the full lr before the decay
     decay: float = field(default=0.5, metadata={"above": 0})  # the factor applied per epoch (step) or per plateau
     patience: int = field(default=0, metadata={"at_least": 0})  # plateau: epochs without a val/ppl improvement
@@ -25,13 +49,12 @@ class OptimOptions:
     """The ``optim`` keys lmtrain reads itself; every other key is passed to the torch optimizer named by ``name``
     (``torch_optimizer``), so it must be one of that class's arguments (momentum, betas, eps, nesterov, ...)."""
 
-    name: str = field(metadata={"choices": ("sgd", "adagrad", "adam")})
+    name: OptimName
     lr: float = field(metadata={"above": 0})
     clip: float | None = field(default=5.0, metadata={"above": 0})  # global gradient-norm clip (sparse-aware); null=off
     weight_decay: float = field(default=0.0, metadata={"at_least": 0})
     sparse_lr: float | None = None  # learning rate of the sparse output rows (default lr)
-    # adam: the optimizer of the sparse rows
-    sparse_optimizer: str = field(default="sparse_adam", metadata={"choices": ("sparse_adam", "adagrad")})
+    sparse_optimizer: SparseOptimizer = SparseOptimizer.sparse_adam  # adam: the optimizer of the sparse rows
     schedule: ScheduleOptions | None = field(default_factory=ScheduleOptions)
 
 

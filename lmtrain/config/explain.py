@@ -125,7 +125,7 @@ def _word(hint: Any) -> str:
     if hint in simple:
         return simple[hint]
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
-        return "one of " + ", ".join(str(member.value) for member in hint)
+        return "one of " + ", ".join(repr(member.value) for member in hint)
     container = typing.get_origin(hint) or hint
     if container in (list, tuple):
         return "a list"

@@ -13,9 +13,17 @@ from omegaconf import II
 
 from lmtrain.common.execution import Execution
 from lmtrain.common.optim_options import OptimOptions, torch_optimizer
-from lmtrain.common.ranges import AT_LEAST_1
+from lmtrain.common.ranges import AT_LEAST_1, Choice
 from lmtrain.data.options import BatchOptions, SyntheticDataOptions, TextOptions, ZipfDataOptions
 from lmtrain.model.lstm import LSTMOptions
+
+
+class LossReduction(Choice):
+    """The loss the optimizer sees (docs/workflow.md): the per-token mean, or the mean summed over the T steps of a
+    window (the classic PTB recipes, whose SGD learning rates assume it)."""
+
+    mean = "mean"
+    sum = "sum"
 
 
 @dataclass
@@ -33,7 +41,7 @@ class RunConfig:
     checkpoint_every_minutes: float = field(default=5.0, metadata={"above": 0})
     # the classic PTB recipes apply SGD to the loss summed over the T steps (mean over the batch): sum scales the
     # per-token mean loss by T; mean keeps the per-token mean (docs/workflow.md: the loss the optimizer sees)
-    loss_reduction: str = field(default="sum", metadata={"choices": ("mean", "sum")})
+    loss_reduction: LossReduction = LossReduction.sum
     test_after_fit: bool = True
     # end training after this much training time (validation left out), then validate and test: strategies
     # compared at equal time; each validation logs train/seconds

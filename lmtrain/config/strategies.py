@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 from omegaconf import II
 
-from lmtrain.output.options import BIAS_INIT, AdaptiveOptions, FullOptions, HSMOptions
-from lmtrain.output.sampled.options import BiasOptions, CosineOptions, NCEOptions, SoftmaxOptions
+from lmtrain.output.options import AdaptiveOptions, FullOptions, HSMOptions
+from lmtrain.output.sampled.options import CosineOptions, NCEOptions, NegativeOptions, SoftmaxOptions
 from lmtrain.sampler.options import BigramOptions, QuadraticOptions, RFFOptions, UnigramOptions
 
 
@@ -55,7 +55,6 @@ class SampledConfig(ModelInitRange, SoftmaxOptions):
     m negatives per position (N x m), which trains far better than one set per batch (docs/strategies.md)."""
 
     _target_: str = "lmtrain.output.SampledSoftmax"
-    shared_negatives: bool | None = False
 
 
 @dataclass
@@ -64,7 +63,6 @@ class AbsoluteConfig(ModelInitRange, SoftmaxOptions):
     proposal); exact evaluation normalizes exp(|o|) over all classes."""
 
     _target_: str = "lmtrain.output.AbsoluteSampledSoftmax"
-    shared_negatives: bool | None = False
 
 
 @dataclass
@@ -73,7 +71,6 @@ class CosineConfig(ModelInitRange, CosineOptions):
     (with the random-Fourier-feature proposal); exact evaluation is the full softmax over tau * cos."""
 
     _target_: str = "lmtrain.output.CosineSampledSoftmax"
-    shared_negatives: bool | None = False
 
 
 @dataclass
@@ -82,18 +79,14 @@ class NCEConfig(ModelInitRange, NCEOptions):
     evaluation. Its biases start at the log training unigram, a normalized start (Labeau & Allauzen 2018)."""
 
     _target_: str = "lmtrain.output.NCE"
-    shared_negatives: bool | None = False
-    bias_init: str = field(default="log_unigram", metadata=BIAS_INIT)
 
 
 @dataclass
-class NegativeConfig(ModelInitRange, BiasOptions):
+class NegativeConfig(ModelInitRange, NegativeOptions):
     """``output=negative``: negative sampling (word2vec), one noise set per batch; exact full-softmax evaluation of
     the same scores. Its biases start at the log training unigram, a normalized start (Labeau & Allauzen 2018)."""
 
     _target_: str = "lmtrain.output.NegativeSampling"
-    shared_negatives: bool | None = True
-    bias_init: str = field(default="log_unigram", metadata=BIAS_INIT)
 
 
 @dataclass

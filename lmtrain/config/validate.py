@@ -15,6 +15,7 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
+from lmtrain.common.ranges import value_problems
 from lmtrain.common.runtime import Runtime
 
 UNRESOLVED = object()
@@ -85,30 +86,9 @@ def node_problems(node: DictConfig, path: str) -> Iterator[str]:
             continue
         value = value_at(node, key)
         if value is not UNRESOLVED:
-            yield from range_problems(full, value, fields[key].metadata)
+            yield from value_problems(full, value, None, fields[key].metadata)  # OmegaConf has checked the Enums
         if not OmegaConf.is_interpolation(node, key) and isinstance(node[key], DictConfig):
             yield from node_problems(node[key], full)
-
-
-def range_problems(full: str, value: Any, limits: Any) -> Iterator[str]:
-    """``value`` against a field's ``metadata``: ``choices``, ``at_least`` (with a ``note``), ``above``, ``below``,
-    ``batches`` (a count >= that or a fraction of the epoch)."""
-    if "choices" in limits and not any(value == c and type(value) is type(c) for c in limits["choices"]):
-        yield f"{full} must be one of {', '.join(repr(c) for c in limits['choices'])}, got {value!r}"
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        return
-    if "at_least" in limits and value < limits["at_least"]:
-        yield f"{full} must be >= {limits['at_least']}{limits.get('note', '')}, got {value!r}"
-    if "above" in limits and not value > limits["above"]:
-        yield f"{full} must be > {limits['above']}, got {value!r}"
-    if "below" in limits and not value < limits["below"]:
-        yield f"{full} must be < {limits['below']}, got {value!r}"
-    if "batches" in limits:
-        least = limits["batches"]
-        if isinstance(value, int) and value < least:
-            yield f"{full} must be a number of batches >= {least} or a fraction of the epoch, got {value!r}"
-        if isinstance(value, float) and not (0.0 <= value <= 1.0 if least == 0 else 0.0 < value <= 1.0):
-            yield f"{full} must be a fraction of the epoch in (0, 1] or an integer number of batches, got {value!r}"
 
 
 def target_problems(spec: Any, path: str) -> Iterator[str]:

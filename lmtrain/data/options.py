@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lmtrain.common.ranges import AT_LEAST_1
+from lmtrain.common.ranges import AT_LEAST_1, Checked
 from lmtrain.data.synthetic import SyntheticOptions
 from lmtrain.data.zipf_topics import ZipfTopicOptions
 
 
 @dataclass
-class BatchOptions:
+class BatchOptions(Checked):
     """What every corpus takes: the batch layout and where token ids are cached."""
 
     cache_dir: str | None = None  # the token-id cache (None or "": none); generated sources accept it and ignore it

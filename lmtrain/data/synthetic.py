@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lmtrain.common.ranges import Checked
 from lmtrain.data.corpus import Corpus
 from lmtrain.data.errors import DataError
 
@@ -102,7 +103,7 @@ def frequency_order(train: Tensor, num_classes: int) -> tuple[Tensor, Tensor]:
 
 
 @dataclass
-class GeneratedSplits:
+class GeneratedSplits(Checked):
     """The token counts of a generated corpus's train/valid/test streams, and the seed of its source and draws."""
 
     train_tokens: int = 200_000

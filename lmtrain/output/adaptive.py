@@ -88,6 +88,7 @@ class AdaptiveSoftmax(OutputLayer):
     are torch's on both paths.
     """
 
+    name, Options = "adaptive", AdaptiveOptions  # output=adaptive
     loss_is_nll = True
 
     def __init__(self, num_classes: int, dim: int, **options: Any) -> None:

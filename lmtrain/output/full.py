@@ -25,6 +25,7 @@ class FullSoftmax(OutputLayer):
     ``bias_init`` is ``zero`` or ``log_unigram`` (the biases start at the log training unigram, ``counts``).
     """
 
+    name, Options = "full", FullOptions  # output=full
     runtime_args: ClassVar[tuple[str, ...]] = ("num_classes", "dim", "counts")
 
     loss_is_nll = True

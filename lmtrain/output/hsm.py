@@ -34,6 +34,7 @@ class HierarchicalSoftmax(OutputLayer):
     in ``__init__``, never saved.
     """
 
+    name, Options = "hsm", HSMOptions  # output=hsm
     runtime_args: ClassVar[tuple[str, ...]] = ("num_classes", "dim", "counts")
 
     loss_is_nll = True

@@ -8,11 +8,12 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
+from lmtrain.common.part import Part
 from lmtrain.common.precision import wrap_methods
 from lmtrain.sampler.proposal import BoundProposal, Proposal
 
 
-class Sampler(nn.Module):
+class Sampler(nn.Module, Part):
     """A proposal q over the classes, used for negatives by sampled softmax, NCE and negative sampling.
 
     Samplers with ``per_example = False`` return ids of shape (m,) shared by the whole batch: context-free
@@ -29,6 +30,7 @@ class Sampler(nn.Module):
     float32 (``lmtrain.common.precision``): log q and a kernel tree's node sums never pass through bfloat16.
     """
 
+    group = "sampler"  # sampler=NAME (``lmtrain.common.part``)
     # the run-time values lmtrain.training.build passes besides the config
     runtime_args: ClassVar[tuple[str, ...]] = ("num_classes",)
 

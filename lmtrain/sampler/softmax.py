@@ -21,6 +21,7 @@ class SoftmaxSampler(Sampler, DeviceAware):
     softmax exact (docs/strategies.md), not a fast proposal.
     """
 
+    name = "softmax"  # sampler=softmax
     per_example = True
 
     def __init__(self, num_classes: int) -> None:

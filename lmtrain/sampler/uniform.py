@@ -14,6 +14,7 @@ from lmtrain.sampler.base import Sampler
 class UniformSampler(Sampler):
     """q_i = 1 / n for every class; draws are ``torch.randint`` (O(1) each), shared across the batch."""
 
+    name = "uniform"  # sampler=uniform
     per_example = False
     log_q_by_lookup = True
 

@@ -25,6 +25,7 @@ class UnigramSampler(Sampler):
     distribution actually sampled is known exactly and ``log_q`` returns exactly that distribution.
     """
 
+    name, Options = "unigram", UnigramOptions  # sampler=unigram (sampler=noise: power 0.75, conf/sampler/noise.yaml)
     runtime_args: ClassVar[tuple[str, ...]] = ("num_classes", "counts")
 
     per_example = False
@@ -55,8 +56,8 @@ class UnigramSampler(Sampler):
             raise ValueError("sampler.distribution=unigram needs the training-split counts; use log_uniform without")
         if counts.numel() != n:
             raise ValueError(f"counts has {counts.numel()} entries but num_classes is {n}; pass one count per class")
-        if smoothing <= 0 or bool((counts < 0).any()):
-            raise ValueError(f"counts must be >= 0 and sampler.smoothing > 0 (got {smoothing}) so every q_i > 0")
+        if bool((counts < 0).any()):  # smoothing > 0 (UnigramOptions) then keeps every q_i > 0
+            raise ValueError("counts must be >= 0 so that every q_i > 0")
         return counts.detach().cpu().to(torch.float64) + smoothing
 
     def sample(self, hidden: Tensor | None, num_samples: int, inputs: Tensor | None = None) -> tuple[Tensor, Tensor]:
