@@ -1,9 +1,12 @@
 """The ``optim`` keys and their schedule's: what the optimizer builder reads (``lmtrain.training.optim``,
-``lmtrain.training.schedule``) and the config schema of ``optim`` (``lmtrain/config/``)."""
+``lmtrain.training.schedule``) and the config schema of ``optim`` (``lmtrain/config/``; the YAML files of
+``conf/optim`` are its presets)."""
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -56,6 +59,14 @@ class OptimOptions:
     sparse_lr: float | None = None  # learning rate of the sparse output rows (default lr)
     sparse_optimizer: SparseOptimizer = SparseOptimizer.sparse_adam  # adam: the optimizer of the sparse rows
     schedule: ScheduleOptions | None = field(default_factory=ScheduleOptions)
+
+    @staticmethod
+    def extra_keys(node: Any) -> tuple[str, list[str]]:
+        """The torch optimizer ``name`` selects and the arguments it takes besides lmtrain's keys (the config check's
+        list of the keys ``optim`` may have)."""
+        optimizer = torch_optimizer(str(node.get("name")))
+        names = [] if optimizer is None else list(inspect.signature(optimizer).parameters)
+        return f"optim={node.get('name')}", [name for name in names if name != "params"]
 
 
 def torch_optimizer(name: str) -> type[torch.optim.Optimizer] | None:

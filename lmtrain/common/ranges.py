@@ -42,10 +42,14 @@ class Checked:
                 raise ValueError(problem)
 
 
+def arms(hint: Any) -> tuple[Any, ...]:
+    """The types of a union annotation (``int | None``: int, NoneType); the annotation itself otherwise."""
+    return typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+
+
 def enum_of(hint: Any) -> type[enum.Enum] | None:
     """The Enum of a field annotated ``E`` or ``E | None``; None for any other annotation."""
-    arms = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
-    return next((arm for arm in arms if isinstance(arm, type) and issubclass(arm, enum.Enum)), None)
+    return next((arm for arm in arms(hint) if isinstance(arm, type) and issubclass(arm, enum.Enum)), None)
 
 
 def choices_of(hint: Any, limits: Mapping[str, Any]) -> tuple[Any, ...] | None:
@@ -59,6 +63,9 @@ def choices_of(hint: Any, limits: Mapping[str, Any]) -> tuple[Any, ...] | None:
 
 def value_problems(label: str, value: Any, hint: Any, limits: Mapping[str, Any]) -> Iterator[str]:
     """``value`` of the field ``label`` against its choices (``choices_of``) and its range (``limits``)."""
+    if value == "???":  # OmegaConf's MISSING: a key with no default that must be given
+        yield f"{label} must be set"
+        return
     allowed = choices_of(hint, limits)
     plain = value.value if isinstance(value, enum.Enum) else value
     if allowed is not None and not any(plain == c and type(plain) is type(c) for c in allowed):

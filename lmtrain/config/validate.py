@@ -1,7 +1,8 @@
 """What Hydra's typed configs cannot check, in one walk of the composed config: keys added with ``+``/``++`` that
-no schema has (Hydra adds them), the ranges and choices in the schemas' field ``metadata``, rules across keys, and
-the keys of parts whose class is not lmtrain's (callbacks, loggers) against that class's arguments. Values left
-``???`` are found by OmegaConf (``MissingMandatoryValue``) and named here."""
+no schema has (Hydra adds them; a schema's ``extra_keys`` may admit more), the ranges in the schemas' field
+``metadata`` (``lmtrain.common.ranges``), a schema's own rules across keys (``problems``), and the keys of parts
+whose class is not lmtrain's (callbacks, loggers) against that class's arguments. Values left ``???`` are found by
+OmegaConf (``MissingMandatoryValue``) and named here."""
 
 from __future__ import annotations
 
@@ -20,18 +21,6 @@ from lmtrain.common.runtime import Runtime
 
 UNRESOLVED = object()
 RUNTIME = {f.name for f in dataclasses.fields(Runtime)}
-# Trainer arguments lmtrain sets itself, and what to use instead
-SET_BY_LMTRAIN = {
-    "logger": "choose logger=wandb or logger=csv",
-    "callbacks": "add a callback with +callbacks.NAME._target_=CLASS",
-    "default_root_dir": "the run folder is hydra.run.dir",
-    "plugins": "its checkpoints are written atomically by lmtrain",
-    "enable_progress_bar": "use progress_bar=true|false",
-    "gradient_clip_val": "use optim.clip (the global gradient norm, sparse gradients included)",
-    "gradient_clip_algorithm": "use optim.clip (the global gradient norm, sparse gradients included)",
-}
-# precisions that store the weights themselves in 16 bits: nothing could then be evaluated in float32
-LOW_PRECISION_WEIGHTS = ("bf16-true", "16-true")
 
 
 class ConfigError(ValueError):
@@ -51,16 +40,6 @@ def config_problems(cfg: DictConfig) -> Iterator[str]:
     except MissingMandatoryValue as exc:
         yield f"{exc.full_key} must be set ({exc.full_key}=...)"
     yield from node_problems(cfg, "")
-    for key, advice in SET_BY_LMTRAIN.items():
-        if key in (cfg.get("trainer") or {}):
-            yield f"trainer.{key} is set by lmtrain: {advice}"
-    precision = str((cfg.get("trainer") or {}).get("precision"))
-    if precision in LOW_PRECISION_WEIGHTS:
-        yield (
-            f"trainer.precision={precision} keeps the weights in 16 bits, so exact evaluation, a sampler's log q and "
-            "the kernel tree's sums cannot stay float32: use trainer.precision=bf16-mixed (float32 weights, 16-bit "
-            "products; docs/workflow.md, mixed precision)"
-        )
     for part in ("logger", "callbacks"):
         for name, spec in (cfg.get(part) or {}).items():
             yield from target_problems(spec, f"{part}.{name}")
@@ -89,6 +68,7 @@ def node_problems(node: DictConfig, path: str) -> Iterator[str]:
             yield from value_problems(full, value, None, fields[key].metadata)  # OmegaConf has checked the Enums
         if not OmegaConf.is_interpolation(node, key) and isinstance(node[key], DictConfig):
             yield from node_problems(node[key], full)
+    yield from schema.problems(node, path) if hasattr(schema, "problems") else ()  # its rules across keys
 
 
 def target_problems(spec: Any, path: str) -> Iterator[str]:

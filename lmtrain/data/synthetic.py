@@ -53,7 +53,9 @@ class ZipfMarkovSource:
     (nats/token).
     """
 
-    def __init__(self, vocab_size: int, zipf_s: float = 1.0, mix: float = 0.3, seed: int = 0) -> None:
+    def __init__(self, vocab_size: int, **options: Any) -> None:
+        opts = SyntheticOptions(vocab_size=vocab_size, **options)  # zipf_s, mix, seed: the ones left out, defaults
+        zipf_s, mix, seed = opts.zipf_s, opts.mix, opts.seed
         if vocab_size < 2:
             raise DataError(f"synthetic vocab_size is {vocab_size}: set data.vocab_size to at least 2.")
         if zipf_s <= 0:

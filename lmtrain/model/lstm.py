@@ -49,7 +49,7 @@ class LSTMEncoder(nn.Module, Part):
 
     def __init__(self, num_classes: int, **options: Any) -> None:
         super().__init__()
-        opts = self.Options(**options)  # the keys left out take their defaults
+        self.options = opts = self.Options(**options)  # the keys left out take their defaults
         self.hidden_dim, self.num_layers = opts.hidden_dim, opts.num_layers
         self.embedding = nn.Embedding(num_classes, opts.emb_dim, sparse=opts.sparse_embedding is True)
         dropout = opts.dropout if opts.num_layers > 1 else 0.0

@@ -93,7 +93,7 @@ class AdaptiveSoftmax(OutputLayer):
 
     def __init__(self, num_classes: int, dim: int, **options: Any) -> None:
         super().__init__()
-        opts = AdaptiveOptions(**options)  # the keys left out take their defaults
+        self.options = opts = AdaptiveOptions(**options)  # the keys left out take their defaults
         cutoffs, div_value = opts.cutoffs, opts.div_value
         if cutoffs is None:
             cutoffs = derive_cutoffs(num_classes, max_clusters(dim, div_value))

@@ -41,7 +41,7 @@ class HierarchicalSoftmax(OutputLayer):
 
     def __init__(self, num_classes: int, dim: int, counts: Tensor, **options: Any) -> None:
         super().__init__()
-        opts = HSMOptions(**options)  # the keys left out take their defaults
+        self.options = opts = HSMOptions(**options)  # the keys left out take their defaults
         counts = torch.as_tensor(counts)
         if counts.shape != (num_classes,):
             raise ValueError(f"counts must have one entry per class ({num_classes}), got shape {tuple(counts.shape)}")

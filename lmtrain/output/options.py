@@ -1,8 +1,8 @@
 """The options of the output strategies outside the sampled family (``output=full|adaptive|hsm``): the keys of
 their configs with their defaults, ranges (``metadata``, read by the config check) and meaning. A strategy's
-constructor takes them as keywords and fills the ones left out from here; the config schemas
-(``lmtrain/config/strategies.py``) add the class to build, so a default is written once, here. The sampled
-strategies' options are in ``lmtrain.output.sampled.options``."""
+constructor takes them as keywords and fills the ones left out from here; the config schemas (derived by
+``lmtrain.config.schema``) add the class to build, so a default is written once, here. The sampled strategies'
+options are in ``lmtrain.output.sampled.options``."""
 
 from __future__ import annotations
 

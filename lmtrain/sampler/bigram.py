@@ -38,7 +38,7 @@ class BigramSampler(Sampler):
 
     def __init__(self, num_classes: int, train_ids: Tensor | None = None, **options: Any) -> None:
         super().__init__()
-        opts = BigramOptions(**options)  # the keys left out take their defaults
+        self.options = opts = BigramOptions(**options)  # the keys left out take their defaults
         unigram_weight, smoothing = opts.unigram_weight, opts.smoothing
         if train_ids is None:
             raise ValueError("sampler=bigram needs the training token ids (train_ids) to count bigrams")

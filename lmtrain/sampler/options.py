@@ -1,7 +1,7 @@
 """The options of the samplers that take any, one dataclass per sampler: the keys of its ``sampler=...`` config and
 their defaults, ranges (``metadata``, read by the config check) and meaning. A sampler's constructor takes them as
-keywords and fills the ones left out from here; the config schemas (``lmtrain/config/strategies.py``) add the class
-to build, so a default is written once, here."""
+keywords and fills the ones left out from here; the config schemas (derived by ``lmtrain.config.schema``) add the
+class to build, so a default is written once, here."""
 
 from __future__ import annotations
 

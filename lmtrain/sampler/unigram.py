@@ -33,7 +33,7 @@ class UnigramSampler(Sampler):
 
     def __init__(self, num_classes: int, counts: Tensor | None = None, **options: Any) -> None:
         super().__init__()
-        opts = UnigramOptions(**options)  # the keys left out take their defaults
+        self.options = opts = UnigramOptions(**options)  # the keys left out take their defaults
         power, distribution, smoothing = opts.power, opts.distribution, opts.smoothing
         if num_classes < 2 or num_classes >= 2**30:
             raise ValueError(f"UnigramSampler needs 2 <= num_classes < 2^30, got {num_classes}")

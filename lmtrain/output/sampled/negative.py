@@ -19,6 +19,7 @@ class NegativeSampling(SampledOutput):
     normalized model, but evaluation normalizes the same scores with an exact full softmax.
     """
 
+    name, companions = "negative", {"sampler": "noise"}  # output=negative: with unigram^0.75 noise
     Options: ClassVar[type[NegativeOptions]] = NegativeOptions
 
     def loss(self, hidden: Tensor, target: Tensor, inputs: Tensor | None = None) -> Tensor:

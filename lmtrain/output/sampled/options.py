@@ -2,9 +2,9 @@
 
 A strategy's constructor takes them as keywords (``SampledSoftmax(n, d, sampler, num_samples=10)``), so the
 config keys users override stay flat (``output.num_samples``); the strategy keeps them as ``self.options``.
-They are also the typed config schemas of these strategies (``lmtrain/config/strategies.py``) and the one place
-of each key's default: a field's ``metadata`` holds what its type cannot say (``choices``, ``at_least``), which the
-config check reads before anything is built, so the classes do not check those ranges again.
+They are also the typed config schemas of these strategies (derived by ``lmtrain.config.schema``) and the one place
+of each key's default, also where it differs between strategies (``NCEOptions.bias_init``); a field's ``metadata``
+holds what its type cannot say (``at_least``, ``follows``), checked once (``lmtrain.common.ranges``).
 """
 
 from __future__ import annotations

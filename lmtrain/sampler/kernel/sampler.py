@@ -51,7 +51,7 @@ class KernelSampler(Sampler):
         options: KernelOptions | None = None,
     ) -> None:
         super().__init__()
-        opts = options or KernelOptions()
+        self.options = opts = options or KernelOptions()
         self.tree = KernelTree(features, **{f.name: getattr(opts, f.name) for f in dataclasses.fields(KernelOptions)})
         share = opts.unigram_share
         self.unigram = UnigramShare(share, num_classes, counts) if share else None
