@@ -123,7 +123,7 @@ def test_corrupt_cache_is_rebuilt(tmp_path: Path) -> None:
 @pytest.mark.skipif(not (SHARED / "ptb" / "train.txt").is_file(), reason="PTB not in LMTRAIN_DATA_DIR/shared data")
 def test_ptb_statistics(tmp_path: Path) -> None:
     start = time.perf_counter()
-    dm = TextDataModule(name="ptb", path=None, root=str(SHARED), cache_dir=str(tmp_path / "cache"))
+    dm = TextDataModule(name="ptb", root=str(SHARED), cache_dir=str(tmp_path / "cache"))
     dm.setup()
     cold = time.perf_counter() - start
     assert dm.num_classes == 10_000
@@ -133,7 +133,7 @@ def test_ptb_statistics(tmp_path: Path) -> None:
     assert int(dm.counts[dm.vocab.index("<unk>")]) == 45_020
     assert int((dm.valid_ids == dm.vocab.index("<unk>")).sum()) == 3_485  # valid has no OOV beyond <unk>
     start = time.perf_counter()
-    warm = TextDataModule(name="ptb", path=None, root=str(SHARED), cache_dir=str(tmp_path / "cache"))
+    warm = TextDataModule(name="ptb", root=str(SHARED), cache_dir=str(tmp_path / "cache"))
     warm.setup()
     assert time.perf_counter() - start < cold and torch.equal(warm.train_ids, dm.train_ids)
 
@@ -141,7 +141,7 @@ def test_ptb_statistics(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(not (SHARED / "wikitext-2" / "train.txt").is_file(), reason="WikiText-2 not available")
 def test_wikitext2_statistics(tmp_path: Path) -> None:
-    dm = TextDataModule(name="wikitext-2", path=None, root=str(SHARED), cache_dir=None)
+    dm = TextDataModule(name="wikitext-2", root=str(SHARED), cache_dir=None)
     dm.setup()
     assert dm.num_classes == 33_278
     assert (len(dm.train_ids), len(dm.valid_ids), len(dm.test_ids)) == (2_088_628, 217_646, 245_569)
@@ -163,7 +163,7 @@ def test_missing_split_empty_file_and_unknown_corpus(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="has no tokens"):
         TextDataModule(name="part", path=str(folder), cache_dir=None, **SMALL).setup()
     with pytest.raises(DataError, match=r"corpus folder .*nope does not exist, and data=nope has no download"):
-        TextDataModule(name="nope", path=None, root=str(tmp_path), cache_dir=None, **SMALL).setup()
+        TextDataModule(name="nope", root=str(tmp_path), cache_dir=None, **SMALL).setup()
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match=r"empty holds none of train\.txt, valid\.txt, test\.txt"):
         TextDataModule(name="text", path=str(tmp_path / "empty"), cache_dir=None, **SMALL).setup()
@@ -176,7 +176,7 @@ PTB_LIKE = {"hub_dataset": "text", "hub_data_files": {"train": "https://example.
 def test_offline_download_fails_fast_naming_folder_and_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     start = time.perf_counter()
-    dm = TextDataModule(name="ptb", path=None, root=str(tmp_path), cache_dir=str(tmp_path / "cache"), **PTB_LIKE)
+    dm = TextDataModule(name="ptb", root=str(tmp_path), cache_dir=str(tmp_path / "cache"), **PTB_LIKE)
     with pytest.raises(DataError) as err:
         dm.setup()
     assert time.perf_counter() - start < 5
@@ -195,9 +195,7 @@ def test_download_failure_and_success(tmp_path: Path, monkeypatch: pytest.Monkey
         raise ConnectionError("Couldn't reach the Hub")
 
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=unreachable))
-    dm = TextDataModule(
-        name="wt", path=None, root=str(tmp_path), cache_dir=None, hub_dataset="Salesforce/wikitext", **SMALL
-    )
+    dm = TextDataModule(name="wt", root=str(tmp_path), cache_dir=None, hub_dataset="Salesforce/wikitext", **SMALL)
     with pytest.raises(DataError, match=r"could not download corpus 'wt'.*train\.txt, valid\.txt, test\.txt"):
         dm.setup()
     assert not (tmp_path / "wt" / "train.txt").exists()
@@ -208,9 +206,7 @@ def test_download_failure_and_success(tmp_path: Path, monkeypatch: pytest.Monkey
         return {split: {"text": texts} for split, texts in rows.items()}
 
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=fake_load))
-    dm = TextDataModule(
-        name="wt", path=None, root=str(tmp_path), cache_dir=None, hub_dataset="x/y", hub_config="c", **SMALL
-    )
+    dm = TextDataModule(name="wt", root=str(tmp_path), cache_dir=None, hub_dataset="x/y", hub_config="c", **SMALL)
     dm.setup()
     assert calls == [("x/y", "c", None)]
     assert (tmp_path / "wt" / "train.txt").read_text() == " \n = T = \n a b \n"

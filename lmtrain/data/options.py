@@ -4,9 +4,9 @@ the ones left out from here; the config layer derives each module's schema from 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-
-from omegaconf import MISSING
+from typing import Any
 
 from lmtrain.common.ranges import AT_LEAST_1, Checked
 from lmtrain.data.synthetic import SyntheticOptions
@@ -29,16 +29,22 @@ class BatchOptions(Checked):
 class TextOptions(BatchOptions):
     """A word-level corpus in ``path``, or else ``root/name``, holding train.txt, valid.txt and test.txt; missing
     files are downloaded when ``hub_dataset`` is set (``lmtrain.data.text``). Relative paths are taken from the
-    folder the program was started in. ``data=text`` is a folder of your own, ``data.path=DIR``; the public corpora
-    (``data=ptb``, ...) set ``path: null`` and live in ``root/name``."""
+    folder the program was started in. ``data=text`` is a folder of your own (``data.path=DIR``, which the config
+    check requires); the public corpora (``data=ptb``, ...) are presets that name theirs under ``root``."""
 
     name: str = "text"  # the corpus: the folder root/name, and the key of its cached token ids
     root: str = field(default="data", metadata={"follows": "oc.env:LMTRAIN_DATA_DIR,data"})  # a config's: that env
-    path: str | None = MISSING  # the corpus folder; null: root/name
+    path: str | None = None  # the corpus folder; None: root/name
     hub_dataset: str | None = None  # "text" (plain files from hub_data_files) or a Hugging Face dataset name
     hub_config: str | None = None
     hub_data_files: dict[str, str] | None = None  # split -> URL or file pattern
     hub_field: str = "text"  # the record field that holds a line of text
+
+    @staticmethod
+    def problems(node: Any, path: str) -> Iterator[str]:
+        """The config check's rule across keys: ``data=text`` (the corpus named text) is a folder of your own."""
+        if node.get("name") == "text" and node.get("path") is None:
+            yield f"{path}.path must be set ({path}.path=...)"
 
 
 @dataclass
