@@ -5,8 +5,8 @@ one with a ``name`` gets its typed schema ``schema/GROUP/NAME`` (its ``Options``
 module path, and the defaults only a config has: a field's ``metadata["follows"]`` becomes ``${...}``, e.g. an
 output's ``init_range`` follows ``model.init_range``) and its option ``GROUP=NAME`` (the schema and the options of
 other groups it comes with, ``companions``). A YAML file of the packaged tree is a preset: it extends a schema or an
-option (``conf/output/unigram.yaml``: ``- sampled`` and ``sampler=unigram``), and one named like a part stands for
-its option (``data=text``). The top level, ``optim`` and ``trainer`` are options dataclasses that build no part of
+option (``conf/output/unigram.yaml``: ``- sampled`` and ``sampler=unigram``); one named like a part would stand for
+its option. The top level, ``optim`` and ``trainer`` are options dataclasses that build no part of
 lmtrain's; their YAML files are presets too.
 """
 
