@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lmtrain.config import CONF_DIR, compose_config
+from lmtrain.config import choices, compose_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_output_table import print_table, report  # noqa: E402  (this folder's module, also when imported)
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | int:
         return bench_kernel.main([a for a in argv if a != "--kernel"])
     args = parser().parse_args(argv)
     if args.outputs is None:
-        args.outputs = DEFAULT_OUTPUTS + [o for o in OPTIONAL_OUTPUTS if (CONF_DIR / "output" / f"{o}.yaml").is_file()]
+        args.outputs = DEFAULT_OUTPUTS + [o for o in OPTIONAL_OUTPUTS if o in choices("output")]
     args.sizes = sorted(args.sizes or ([10**3, 10**4] if args.quick else [10**4, 10**5, 10**6]))
     args.repeats = args.repeats or (5 if args.quick else 30)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)

@@ -8,6 +8,7 @@ import torch
 from lmtrain.sampler import RFFSampler
 from lmtrain.sampler.kernel import QuadraticFeatures, RandomFourierFeatures, cache
 from lmtrain.sampler.kernel.cache import FeatureCache
+from lmtrain.sampler.options import KernelOptions
 from tests.test_kernel_shared import queries
 from tests.test_kernel_tree import augmented, make_tree
 
@@ -53,8 +54,8 @@ def test_auto_takes_full_precision_then_bfloat16_then_none_and_only_where_it_pay
     assert auto.dtype_for(quadratic, 10, 16, torch.float32) is None  # d x d products beat reading F features
     assert FeatureCache("full").dtype_for(quadratic, 10**9, 16, torch.float64) == torch.float64  # asked for: given
     assert FeatureCache(False).mode == FeatureCache("off").mode == "off"  # YAML reads `off` as false
-    with pytest.raises(ValueError, match="sampler.feature_cache must be one of auto, full, bfloat16, off"):
-        FeatureCache("float16")
+    with pytest.raises(ValueError, match="feature_cache must be one of 'auto', 'full', 'bfloat16', 'off'"):
+        KernelOptions(feature_cache="float16")
 
 
 def test_the_sampler_config_reaches_the_cache():

@@ -214,7 +214,7 @@ def test_bad_settings_raise_value_errors():
         KernelTree(QuadraticFeatures(), eps=0.0)
     with pytest.raises(ValueError, match="alpha"):
         QuadraticFeatures(alpha=-1.0)
-    with pytest.raises(ValueError, match="sampler.D"):
+    with pytest.raises(ValueError, match="D must be >= 1"):
         RandomFourierFeatures(D=0)
     with pytest.raises(ValueError, match="temperature"):
         RandomFourierFeatures(temperature=0.0)

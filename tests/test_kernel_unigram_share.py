@@ -68,7 +68,7 @@ def test_kernel_log_q_through_bucket_reach_equals_the_path_reads(monkeypatch):
 
 def test_unigram_share_zero_is_the_plain_kernel_and_bad_values_are_refused():
     assert make_sampler("rff", share=0.0).unigram is None
-    with pytest.raises(ValueError, match="unigram_share must be in"):
+    with pytest.raises(ValueError, match="unigram_share must be < 1"):
         make_sampler("rff", share=1.0)
     with pytest.raises(ValueError, match="training-split counts"):
         RFFSampler(D=8, unigram_share=0.5)

@@ -30,7 +30,7 @@ def batch(rows: int = 12, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
 
 def make(cls, sampler, **kwargs):
     torch.manual_seed(0)
-    layer = cls(N_CLASSES, DIM, sampler, init_range=0.5, **kwargs)
+    layer = cls(N_CLASSES, DIM, sampler, init_range=0.5, bias_init="zero", **kwargs)  # the biases are set below
     with torch.no_grad():
         layer.weight[:, -1].uniform_(-1, 1)
     return layer
@@ -109,7 +109,7 @@ def nce_gradient(shift: float, batches: int = 40, rows: int = 400) -> tuple[torc
     torch.manual_seed(0)
     n = 10
     p = torch.softmax(torch.randn(n), 0)
-    layer = NCE(n, 1, UnigramSampler(n, torch.arange(n, 0, -1) * 10), num_samples=5, shared_negatives=False)
+    layer = NCE(n, 1, UnigramSampler(n, torch.arange(n, 0, -1) * 10), num_samples=5, bias_init="zero")
     with torch.no_grad():
         layer.weight[:, -1] = p.log() + shift  # h = 0: the scores are the bias column
     grads = []

@@ -59,7 +59,7 @@ def setup() -> tuple[Tensor, UnigramSampler, Tensor]:
 def gradient(p: Tensor, sampler: Sampler) -> tuple[Tensor, Tensor]:
     """Monte-Carlo mean and standard error of d loss / d s at s = ln p (per class)."""
     torch.manual_seed(0)
-    layer = NCE(N_CLASSES, 1, sampler, num_samples=K, shared_negatives=False, sparse=False).double()
+    layer = NCE(N_CLASSES, 1, sampler, num_samples=K, sparse=False, bias_init="zero").double()  # biases set below
     with torch.no_grad():
         layer.weight[:, -1] = p.log()
     hidden = torch.zeros(ROWS, 1, dtype=torch.float64)

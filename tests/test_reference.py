@@ -79,6 +79,8 @@ def inputs(shared: bool, seed: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor]
 def build(cls: type[SampledOutput], sampler: Sampler, shared: bool, **options: object) -> SampledOutput:
     torch.manual_seed(1)
     options.update(num_samples=M, shared_negatives=shared, sparse=False, init_range=0.8)
+    if "bias_init" in cls.Options.__dataclass_fields__:
+        options["bias_init"] = "zero"  # no counts here; the biases are set below
     layer = cls(N_CLASSES, DIM, sampler, **options).double()
     with torch.no_grad():
         layer.weight[:, -1].uniform_(-1.5, 1.5)

@@ -126,7 +126,7 @@ def test_loss_matches_the_direct_formula(shared, correction, remove_hits, kind):
 def test_unique_draws_distinct_negatives_with_expected_count_correction():
     counts = torch.arange(N_CLASSES, 0, -1) ** 2
     sampler = UnigramSampler(N_CLASSES, counts)
-    layer = make_layer(sampler, num_samples=10, unique=True)
+    layer = make_layer(sampler, num_samples=10, unique=True, shared_negatives=True)
     hidden, target = batch()
     torch.manual_seed(7)
     ids, log_q, tries = draw_negatives(layer, hidden)
@@ -150,7 +150,7 @@ def test_log_prob_is_the_exact_full_softmax(bias):
 
 
 def test_training_gradient_touches_only_the_target_and_sampled_rows():
-    layer = make_layer(UniformSampler(N_CLASSES), num_samples=5)
+    layer = make_layer(UniformSampler(N_CLASSES), num_samples=5, shared_negatives=True)
     hidden, target = batch(rows=4)
     torch.manual_seed(3)
     ids, _, _ = draw_negatives(layer, hidden)
@@ -179,7 +179,11 @@ def test_state_dict_load_points_the_softmax_sampler_at_the_loaded_weights():
     [
         (SoftmaxSampler(N_CLASSES), {"unique": True}, "unique=true needs shared negatives"),
         (UniformSampler(N_CLASSES), {"unique": True, "shared_negatives": False}, "unique=true needs shared"),
-        (UniformSampler(N_CLASSES), {"unique": True, "num_samples": N_CLASSES}, "num_samples < num_classes"),
+        (
+            UniformSampler(N_CLASSES),
+            {"unique": True, "shared_negatives": True, "num_samples": N_CLASSES},
+            "num_samples < num_classes",
+        ),
     ],
 )
 def test_bad_options_raise_value_error(sampler, kwargs, message):

@@ -147,7 +147,7 @@ def test_uniform_log_q():
     [
         ({"counts": None}, "needs the training-split counts"),
         ({"counts": torch.ones(3, dtype=torch.long)}, "counts has 3 entries"),
-        ({"smoothing": 0.0}, "smoothing > 0"),
+        ({"smoothing": 0.0}, "smoothing must be > 0"),
     ],
 )
 def test_unigram_bad_options_raise_value_error(kwargs, message):

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import lmtrain
+from lmtrain.config import choices
 from tests.conftest import TINY, make_config
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -31,8 +31,8 @@ SEQUENCE = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4]
 
 
 def output_choices() -> list[str]:
-    """The ``output=`` options of the packaged config tree."""
-    return sorted(p.stem for p in (lmtrain.CONF_DIR / "output").glob("*.yaml"))
+    """The ``output=`` options: the strategies' own and the packaged presets."""
+    return choices("output")
 
 
 def seeded_overrides(output: str, run_dir: Path) -> list[str]:

@@ -27,7 +27,10 @@ class Tiny(nn.Module):
         super().__init__()
         torch.manual_seed(0)
         self.encoder = nn.Linear(IN, DIM)
-        self.output = output_cls(N_CLASSES, DIM, sampler or UniformSampler(N_CLASSES), num_samples=8, sparse=sparse)
+        sampler = sampler or UniformSampler(N_CLASSES)
+        # one set of negatives for the batch leaves rows untouched; the biases start at zero (no counts here)
+        options = {"num_samples": 8, "sparse": sparse, "shared_negatives": True, "bias_init": "zero"}
+        self.output = output_cls(N_CLASSES, DIM, sampler, **options)
 
     def optimizer(self, name: str, lr: float = 0.5, **kwargs) -> torch.optim.Optimizer:
         sparse = self.output.sparse_parameters()

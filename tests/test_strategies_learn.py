@@ -2,10 +2,10 @@
 
 The corpus is the synthetic Zipf-Markov source of the tiny test config (n = 100 classes; its exact entropy rate
 gives the best possible perplexity, 51.1; the smoothed training unigram scores 86.7 on the validation split, a
-uniform guess 100). Every strategy in ``conf/output/`` (found by listing the folder, so a new one is tested
-too) trains the tiny LSTM (1 x 32) for ``STEPS`` = 200 steps with Adam (lr 0.01, per-token mean loss, the recipe of
-``test_train.py``'s learning test; the output options are each strategy's defaults), then its exact validation
-perplexity must be
+uniform guess 100). Every ``output=`` option (``lmtrain.config.choices``: the strategies and their presets, so a new
+one is tested too) trains the tiny LSTM (1 x 32) for ``STEPS`` = 200 steps with Adam (lr 0.01, per-token mean
+loss, the recipe of ``test_train.py``'s learning test; the output options are each strategy's defaults), then its
+exact validation perplexity must be
 
 - below 0.95 x the unigram's 86.7: the model uses the context, not only the word frequencies;
 - within ``MARGIN`` of the full softmax's under the same recipe (67.3): 10% for the consistent estimators (the
@@ -30,7 +30,7 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from lmtrain.config.store import CONF_DIR
+from lmtrain.config import choices
 from lmtrain.training.run import train
 from tests.conftest import TINY, make_config
 
@@ -38,7 +38,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 STEPS = 200
 RECIPE = [f"trainer.max_steps={STEPS}", "optim=adam", "optim.lr=0.01", "loss_reduction=mean", "test_after_fit=false"]
-STRATEGIES = sorted(p.stem for p in (Path(CONF_DIR) / "output").glob("*.yaml") if p.stem != "full")
+STRATEGIES = [name for name in choices("output") if name != "full"]
 MARGIN = {"adaptive": 1.25, "negative": 1.25}  # the others: 1.10
 
 

@@ -52,7 +52,7 @@ def test_a_run_from_a_users_config_folder(tmp_path):
 def test_hydra_searchpath_finds_the_same_folder_and_its_keys_are_checked(tmp_path, monkeypatch, capsys):
     mine = user_folder(tmp_path / "mine")
     cfg = compose_config(["experiment=mine", f"hydra.searchpath=[file://{mine}]", "run_dir=/tmp/unused"])
-    assert cfg.sampler._target_ == "lmtrain.sampler.UnigramSampler" and cfg.output.num_samples == 7
+    assert cfg.sampler._target_ == "lmtrain.sampler.unigram.UnigramSampler" and cfg.output.num_samples == 7
     assert refusal(["-cd", str(mine), "experiment=mine", "sampler.power=0.75"], tmp_path, monkeypatch, capsys) == ""
     refused = refusal([f"--config-dir={mine}", "experiment=mine", "output.num_sample=3"], tmp_path, monkeypatch, capsys)
     assert refused.startswith("unknown key output.num_sample: did you mean output.num_samples?")
@@ -65,3 +65,24 @@ def test_a_package_line_below_a_comment_is_named_in_the_error(tmp_path, monkeypa
     (mine / "experiment" / "late.yaml").write_text("# my experiment\n" + EXPERIMENT)  # package line on line 2
     refused = refusal(["-cd", str(mine), "experiment=late"], tmp_path, monkeypatch, capsys)
     assert "experiment/late.yaml sets other groups: its first line must be '# @package _global_'" in refused
+
+
+def test_a_renamed_schema_still_composes_and_the_run_names_the_new_one(tmp_path, capsys):
+    """``/schema/output@_here_: cosine`` (output=rff's schema before it was derived from its class, now ``rff``) keeps
+    working for one release, with one line naming the new schema."""
+    from lmtrain.config import composer
+    from lmtrain.config.callback import warn_renamed
+
+    mine = tmp_path / "mine"
+    (mine / "output").mkdir(parents=True)
+    (mine / "output" / "old.yaml").write_text(
+        OUTPUT.replace("sampled", "cosine").replace("_target_: lmtrain.output.SampledSoftmax\n", "")
+    )
+    with composer(mine) as compose:
+        old, new = compose(["output=old", "sampler=unigram"], hydra=True), compose(["output=rff", "sampler=unigram"])
+    assert old.output.num_samples == 7 and {**old.output, "num_samples": 100} == {**new.output}
+    warn_renamed(old)
+    [line] = capsys.readouterr().err.splitlines()
+    assert (
+        line == "lmtrain: warning: schema/output/cosine is now schema/output/rff; the old name goes in the next release"
+    )

@@ -4,7 +4,9 @@ before Hydra creates a folder, as one line and exit code 2."""
 
 from __future__ import annotations
 
+import argparse
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -48,11 +50,23 @@ def unswept(overrides: list[str]) -> list[str]:
     return [o.input_line for o in parsed if not o.is_sweep_override() and o.input_line]
 
 
+def hydra_arguments(argv: list[str]) -> argparse.Namespace:
+    """``--config-dir``, ``--multirun`` and the overrides of a command line, read as Hydra's own parser reads them
+    (its flags that take a value are declared, so that a value is not taken for an override)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("overrides", nargs="*")
+    parser.add_argument("--config-dir", "-cd")
+    parser.add_argument("--multirun", "-m", action="store_true")
+    for flags in (["--config-path", "-cp"], ["--config-name", "-cn"], ["--cfg", "-c"], ["--package", "-p"]):
+        parser.add_argument(*flags)
+    parser.add_argument("--info", "-i", nargs="?")
+    parser.add_argument("--experimental-rerun")
+    return parser.parse_known_args(argv)[0]
+
+
 def refusal(exc: BaseException) -> str:
     """Hydra's error in one line, with the hints that need the command line as Hydra read it."""
-    from hydra._internal.utils import get_args_parser
-
-    args = get_args_parser().parse_args()  # the arguments as Hydra read them, with its own parser (as hydra.main)
+    args = hydra_arguments(sys.argv[1:])
     config_dir = Path(args.config_dir).resolve() if args.config_dir else None
     if isinstance(exc, SearchPathException):
         return str(exc)

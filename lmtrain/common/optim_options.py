@@ -1,20 +1,47 @@
 """The ``optim`` keys and their schedule's: what the optimizer builder reads (``lmtrain.training.optim``,
-``lmtrain.training.schedule``) and the config schema of ``optim`` (``lmtrain/config/``)."""
+``lmtrain.training.schedule``) and the config schema of ``optim`` (``lmtrain/config/``; the YAML files of
+``conf/optim`` are its presets)."""
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
+from lmtrain.common.ranges import Checked, Choice
+
+
+class ScheduleKind(Choice):
+    """step: lr * decay every epoch after ``start`` epochs; plateau: lr * decay after ``patience`` epochs without a
+    val/ppl improvement; none (or null)."""
+
+    step = "step"
+    plateau = "plateau"
+    none = "none"
+
+
+class OptimName(Choice):
+    """The optimizer of the dense parameters (``lmtrain.training.optim.build_optimizer``)."""
+
+    sgd = "sgd"
+    adagrad = "adagrad"
+    adam = "adam"
+
+
+class SparseOptimizer(Choice):
+    """Under adam, the optimizer of the sparse rows."""
+
+    sparse_adam = "sparse_adam"
+    adagrad = "adagrad"
+
 
 @dataclass
-class ScheduleOptions:
+class ScheduleOptions(Checked):
     """The keys of ``optim.schedule`` and their defaults (also its config schema, ``lmtrain/config/``)."""
 
-    # step: lr * decay every epoch after `start` epochs; plateau: lr * decay after `patience` epochs without a
-    # val/ppl improvement; none
-    kind: str | None = field(default="none", metadata={"choices": ("step", "plateau", "none", None)})
+    kind: ScheduleKind | None = ScheduleKind.none
     start: int = field(default=0, metadata={"at_least": 0})  # step: epochs at the full lr before the decay
     decay: float = field(default=0.5, metadata={"above": 0})  # the factor applied per epoch (step) or per plateau
     patience: int = field(default=0, metadata={"at_least": 0})  # plateau: epochs without a val/ppl improvement
@@ -25,14 +52,21 @@ class OptimOptions:
     """The ``optim`` keys lmtrain reads itself; every other key is passed to the torch optimizer named by ``name``
     (``torch_optimizer``), so it must be one of that class's arguments (momentum, betas, eps, nesterov, ...)."""
 
-    name: str = field(metadata={"choices": ("sgd", "adagrad", "adam")})
+    name: OptimName
     lr: float = field(metadata={"above": 0})
     clip: float | None = field(default=5.0, metadata={"above": 0})  # global gradient-norm clip (sparse-aware); null=off
     weight_decay: float = field(default=0.0, metadata={"at_least": 0})
     sparse_lr: float | None = None  # learning rate of the sparse output rows (default lr)
-    # adam: the optimizer of the sparse rows
-    sparse_optimizer: str = field(default="sparse_adam", metadata={"choices": ("sparse_adam", "adagrad")})
+    sparse_optimizer: SparseOptimizer = SparseOptimizer.sparse_adam  # adam: the optimizer of the sparse rows
     schedule: ScheduleOptions | None = field(default_factory=ScheduleOptions)
+
+    @staticmethod
+    def extra_keys(node: Any) -> tuple[str, list[str]]:
+        """The torch optimizer ``name`` selects and the arguments it takes besides lmtrain's keys (the config check's
+        list of the keys ``optim`` may have)."""
+        optimizer = torch_optimizer(str(node.get("name")))
+        names = [] if optimizer is None else list(inspect.signature(optimizer).parameters)
+        return f"optim={node.get('name')}", [name for name in names if name != "params"]
 
 
 def torch_optimizer(name: str) -> type[torch.optim.Optimizer] | None:

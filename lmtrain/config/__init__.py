@@ -1,18 +1,9 @@
-"""Typed configs: one dataclass schema per part in Hydra's ConfigStore (``parts.py``, ``strategies.py``,
-``store.py``) under the YAML tree in ``conf/``, the checks a type cannot make (``validate.py``), run by Hydra
-before it writes anything (``callback.py``), and Hydra's own errors in one line (``explain.py``)."""
+"""Typed configs: schemas derived from the parts (``schema.py``) under the YAML presets of ``conf/``, composing
+(``store.py``), the checks a type cannot make (``validate.py``, ``callback.py``), Hydra's errors in one line."""
 
 from lmtrain.config.explain import explain
-from lmtrain.config.store import CONF_DIR, GROUPS, choices, compose_config, composer
+from lmtrain.config.schema import choices
+from lmtrain.config.store import CONF_DIR, GROUPS, compose_config, composer
 from lmtrain.config.validate import ConfigError, check_config
 
-__all__ = [
-    "CONF_DIR",
-    "GROUPS",
-    "ConfigError",
-    "check_config",
-    "choices",
-    "compose_config",
-    "composer",
-    "explain",
-]
+__all__ = ["CONF_DIR", "GROUPS", "ConfigError", "check_config", "choices", "compose_config", "composer", "explain"]

@@ -5,26 +5,25 @@ sweeper every job's config, composed by Hydra's config loader from the overrides
 from __future__ import annotations
 
 import copy
+import itertools
+import sys
 from typing import Any
 
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from lmtrain.config.explain import explain
+from lmtrain.config.schema import RENAMED
 from lmtrain.config.validate import ConfigError, check_config
-
-BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
 
 class ConfigRefused(BaseException):  # noqa: N818 (it travels like SystemExit)
     """A ConfigError out of a Hydra callback. Hydra turns a callback's ``Exception`` into a warning and goes on, so
     the refusal travels as a BaseException, like SystemExit, up to lmtrain's entry (``lmtrain.cli.app``)."""
-
-    def __init__(self, error: ConfigError) -> None:
-        super().__init__(str(error))
 
 
 class CheckConfig(Callback):
@@ -32,30 +31,30 @@ class CheckConfig(Callback):
     out of range, a key no part reads or a value left ``???``."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        warn_renamed(config)
         try:
             check_config(without_hydra(config))
         except ConfigError as err:
-            raise ConfigRefused(err) from None
+            raise ConfigRefused(str(err)) from None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        warn_renamed(config)
         try:
             check_sweep(config)
         except ConfigError as err:
-            raise ConfigRefused(err) from None
+            raise ConfigRefused(str(err)) from None
 
 
 def check_sweep(config: DictConfig) -> None:
     """Every job of a sweep of Hydra's basic sweeper (the primary config for another sweeper, which chooses its
     jobs as it goes): ConfigError naming the first job that fails."""
-    if config.hydra.sweeper.get("_target_") != BASIC_SWEEPER:
+    if not str(config.hydra.sweeper.get("_target_")).endswith(".BasicSweeper"):
         check_config(without_hydra(config))
         return
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-
     loader = GlobalHydra.instance().config_loader()
     params = [f"{key}={value}" for key, value in (config.hydra.sweeper.get("params") or {}).items()]
     parsed = OverridesParser.create(config_loader=loader).parse_overrides([*params, *config.hydra.overrides.task])
-    jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]  # as it will run them
+    jobs = sweep_jobs(parsed)
 
     def compose(overrides: list[str], hydra: bool = False) -> DictConfig:
         return loader.load_configuration(str(config.hydra.job.config_name), overrides, RunMode.RUN)
@@ -76,3 +75,22 @@ def without_hydra(config: DictConfig) -> DictConfig:
         del task["hydra"]
     OmegaConf.set_struct(task, True)
     return task
+
+
+def sweep_jobs(overrides: list[Override]) -> list[list[str]]:
+    """The jobs of Hydra's basic sweeper, in its order: the product of every key's values, a key given twice
+    counting once (its last value)."""
+    values: dict[str, list[str]] = {}
+    for override in overrides:
+        key = override.get_key_element()
+        sweep = override.is_sweep_override()
+        strings = override.sweep_string_iterator() if sweep else [override.get_value_element_as_str()]
+        values[key] = [f"{key}={value}" for value in strings]
+    return [list(job) for job in itertools.product(*values.values())]
+
+
+def warn_renamed(config: DictConfig) -> None:
+    """One line on stderr for each schema the config extends by a name that a release changed (``RENAMED``)."""
+    for key, name in (config.hydra.runtime.get("choices") or {}).items():
+        if (old := f"{str(key).split('@')[0]}/{name}") in RENAMED:
+            sys.stderr.write(f"lmtrain: warning: {old} is now {RENAMED[old]}; the old name goes in the next release\n")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import enum
 import os
 import re
-import types
 import typing
 from collections.abc import Callable
 from typing import Any
@@ -15,6 +14,7 @@ from hydra.errors import MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
+from lmtrain.common.ranges import arms
 from lmtrain.config.validate import unknown_key
 
 Compose = Callable[..., DictConfig]  # compose(overrides, hydra=False): train.yaml with these overrides
@@ -43,12 +43,8 @@ def package_line_hint(message: str) -> str:
     """Where the package line must stand, when a file's ``override /GROUP`` fails because Hydra read the file
     under its own package (no ``# @package _global_`` on its first line)."""
     found = re.match(r"In '([\w/.-]+)': Could not override '[\w.]+@", message)
-    if found is None:
-        return ""
-    return (
-        f" ({found.group(1)}.yaml sets other groups: its first line must be '# @package _global_'; "
-        "Hydra ignores a package line below any other line, a comment included)"
-    )
+    first_line = "its first line must be '# @package _global_'; Hydra ignores a package line below any other line"
+    return "" if found is None else f" ({found.group(1)}.yaml sets other groups: {first_line}, a comment included)"
 
 
 def missing_key(full_key: str, node: DictConfig, culprit: list[str]) -> str:
@@ -110,8 +106,7 @@ def one_line(exc: Any) -> str:
 
 def describe(hint: Any) -> str:
     """``hint`` in words: 'an integer', 'a number or null', 'true or false', ..."""
-    arms = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
-    words = list(dict.fromkeys(_word(arm) for arm in arms))
+    words = list(dict.fromkeys(_word(arm) for arm in arms(hint)))
     if "a number" in words and "an integer" in words:
         words.remove("an integer")
     words.sort(key=lambda w: w == "null")  # null last
@@ -125,7 +120,7 @@ def _word(hint: Any) -> str:
     if hint in simple:
         return simple[hint]
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
-        return "one of " + ", ".join(str(member.value) for member in hint)
+        return "one of " + ", ".join(repr(member.value) for member in hint)
     container = typing.get_origin(hint) or hint
     if container in (list, tuple):
         return "a list"

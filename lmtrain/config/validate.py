@@ -1,7 +1,8 @@
 """What Hydra's typed configs cannot check, in one walk of the composed config: keys added with ``+``/``++`` that
-no schema has (Hydra adds them), the ranges and choices in the schemas' field ``metadata``, rules across keys, and
-the keys of parts whose class is not lmtrain's (callbacks, loggers) against that class's arguments. Values left
-``???`` are found by OmegaConf (``MissingMandatoryValue``) and named here."""
+no schema has (Hydra adds them; a schema's ``extra_keys`` may admit more), the ranges in the schemas' field
+``metadata`` (``lmtrain.common.ranges``), a schema's own rules across keys (``problems``), and the keys of parts
+whose class is not lmtrain's (callbacks, loggers) against that class's arguments. Values left ``???`` are found by
+OmegaConf (``MissingMandatoryValue``) and named here."""
 
 from __future__ import annotations
 
@@ -15,22 +16,11 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
+from lmtrain.common.ranges import value_problems
 from lmtrain.common.runtime import Runtime
 
 UNRESOLVED = object()
 RUNTIME = {f.name for f in dataclasses.fields(Runtime)}
-# Trainer arguments lmtrain sets itself, and what to use instead
-SET_BY_LMTRAIN = {
-    "logger": "choose logger=wandb or logger=csv",
-    "callbacks": "add a callback with +callbacks.NAME._target_=CLASS",
-    "default_root_dir": "the run folder is hydra.run.dir",
-    "plugins": "its checkpoints are written atomically by lmtrain",
-    "enable_progress_bar": "use progress_bar=true|false",
-    "gradient_clip_val": "use optim.clip (the global gradient norm, sparse gradients included)",
-    "gradient_clip_algorithm": "use optim.clip (the global gradient norm, sparse gradients included)",
-}
-# precisions that store the weights themselves in 16 bits: nothing could then be evaluated in float32
-LOW_PRECISION_WEIGHTS = ("bf16-true", "16-true")
 
 
 class ConfigError(ValueError):
@@ -50,16 +40,6 @@ def config_problems(cfg: DictConfig) -> Iterator[str]:
     except MissingMandatoryValue as exc:
         yield f"{exc.full_key} must be set ({exc.full_key}=...)"
     yield from node_problems(cfg, "")
-    for key, advice in SET_BY_LMTRAIN.items():
-        if key in (cfg.get("trainer") or {}):
-            yield f"trainer.{key} is set by lmtrain: {advice}"
-    precision = str((cfg.get("trainer") or {}).get("precision"))
-    if precision in LOW_PRECISION_WEIGHTS:
-        yield (
-            f"trainer.precision={precision} keeps the weights in 16 bits, so exact evaluation, a sampler's log q and "
-            "the kernel tree's sums cannot stay float32: use trainer.precision=bf16-mixed (float32 weights, 16-bit "
-            "products; docs/workflow.md, mixed precision)"
-        )
     for part in ("logger", "callbacks"):
         for name, spec in (cfg.get(part) or {}).items():
             yield from target_problems(spec, f"{part}.{name}")
@@ -85,30 +65,10 @@ def node_problems(node: DictConfig, path: str) -> Iterator[str]:
             continue
         value = value_at(node, key)
         if value is not UNRESOLVED:
-            yield from range_problems(full, value, fields[key].metadata)
+            yield from value_problems(full, value, None, fields[key].metadata)  # OmegaConf has checked the Enums
         if not OmegaConf.is_interpolation(node, key) and isinstance(node[key], DictConfig):
             yield from node_problems(node[key], full)
-
-
-def range_problems(full: str, value: Any, limits: Any) -> Iterator[str]:
-    """``value`` against a field's ``metadata``: ``choices``, ``at_least`` (with a ``note``), ``above``, ``below``,
-    ``batches`` (a count >= that or a fraction of the epoch)."""
-    if "choices" in limits and not any(value == c and type(value) is type(c) for c in limits["choices"]):
-        yield f"{full} must be one of {', '.join(repr(c) for c in limits['choices'])}, got {value!r}"
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        return
-    if "at_least" in limits and value < limits["at_least"]:
-        yield f"{full} must be >= {limits['at_least']}{limits.get('note', '')}, got {value!r}"
-    if "above" in limits and not value > limits["above"]:
-        yield f"{full} must be > {limits['above']}, got {value!r}"
-    if "below" in limits and not value < limits["below"]:
-        yield f"{full} must be < {limits['below']}, got {value!r}"
-    if "batches" in limits:
-        least = limits["batches"]
-        if isinstance(value, int) and value < least:
-            yield f"{full} must be a number of batches >= {least} or a fraction of the epoch, got {value!r}"
-        if isinstance(value, float) and not (0.0 <= value <= 1.0 if least == 0 else 0.0 < value <= 1.0):
-            yield f"{full} must be a fraction of the epoch in (0, 1] or an integer number of batches, got {value!r}"
+    yield from schema.problems(node, path) if hasattr(schema, "problems") else ()  # its rules across keys
 
 
 def target_problems(spec: Any, path: str) -> Iterator[str]:

@@ -1,7 +1,8 @@
 """Data layer: corpora (folders, downloads, synthetic, zipf), tokenizer + id cache, TBPTT batching.
 
 The datamodules (``lmtrain.data.datamodule``, which need Lightning) are imported on first use of their names here,
-so that checking a config (and refusing a bad command line) does not wait for Lightning's import.
+so that the data layer alone does not wait for Lightning's import (the config layer imports them: they declare the
+``data=`` options).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ DATAMODULES = ("LMDataModule", "SyntheticDataModule", "TextDataModule", "ZipfDat
 
 
 def __getattr__(name: str) -> Any:
-    if name in DATAMODULES:  # configs name them here (``_target_: lmtrain.data.TextDataModule``)
+    if name in DATAMODULES:  # as scripts and older configs name them (``lmtrain.data.TextDataModule``)
         from lmtrain.data import datamodule
 
         return getattr(datamodule, name)

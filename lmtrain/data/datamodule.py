@@ -11,6 +11,7 @@ from hydra.utils import to_absolute_path
 from torch import Tensor
 from torch.utils.data import DataLoader
 
+from lmtrain.common.part import Part
 from lmtrain.data.batching import StreamLoader, StreamSampler, WindowDataset, batchify, shard_rows
 from lmtrain.data.corpus import Corpus
 from lmtrain.data.options import BatchOptions, SyntheticDataOptions, TextOptions, ZipfDataOptions
@@ -20,7 +21,7 @@ from lmtrain.data.tokenizer import load_corpus
 from lmtrain.data.zipf_topics import zipf_topic_corpus
 
 
-class LMDataModule(L.LightningDataModule):
+class LMDataModule(L.LightningDataModule, Part):
     """TBPTT data for language modelling; subclasses only say how to load the :class:`Corpus`.
 
     After ``setup()`` (idempotent, also usable before a Trainer exists): ``num_classes``, ``vocab``,
@@ -30,6 +31,7 @@ class LMDataModule(L.LightningDataModule):
     contiguous block of the global batch's rows, so N ranks together see what one process sees.
     """
 
+    group = "data"  # data=NAME (``lmtrain.common.part``)
     runtime_args: ClassVar[tuple[str, ...]] = ()  # built from its config alone
 
     def __init__(self, batch: BatchOptions) -> None:
@@ -118,21 +120,24 @@ class TextDataModule(LMDataModule):
 
     Missing files are downloaded when ``hub_dataset`` is set (see :mod:`lmtrain.data.text`); token
     ids are cached under ``cache_dir`` (``None`` or "" disables the cache). Relative paths are taken
-    from the directory the program was started in.
+    from the directory the program was started in. The corpora of ``conf/data`` (ptb, wikitext2, ...) and
+    ``data=text`` (a folder of your own) are presets of its schema, ``text``.
     """
 
-    def __init__(self, name: str, **options: Any) -> None:
+    name, Options = "text", TextOptions
+
+    def __init__(self, **options: Any) -> None:
         opts = TextOptions(**options)  # the keys left out take their defaults
         super().__init__(opts)
-        self.name = name
+        self.corpus_name = name = opts.name
         root, path, cache_dir = opts.root, opts.path, opts.cache_dir
         self.folder = Path(to_absolute_path(str(path))) if path else Path(to_absolute_path(str(root))) / name
         self.cache_dir = Path(to_absolute_path(str(cache_dir))) if cache_dir else None
         self.source = hub_source(opts.hub_dataset, opts.hub_config, opts.hub_data_files, opts.hub_field)
 
     def load_corpus(self) -> Corpus:
-        paths = ensure_corpus(self.folder, self.name, self.source, self.cache_dir)
-        return load_corpus(self.name, paths, self.cache_dir)
+        paths = ensure_corpus(self.folder, self.corpus_name, self.source, self.cache_dir)
+        return load_corpus(self.corpus_name, paths, self.cache_dir)
 
 
 class SyntheticDataModule(LMDataModule):
@@ -142,10 +147,12 @@ class SyntheticDataModule(LMDataModule):
     data config, and unused.
     """
 
+    name, Options = "synthetic", SyntheticDataOptions  # data=synthetic
+
     def __init__(self, **options: Any) -> None:
         opts = SyntheticDataOptions(**options)  # the keys left out take their defaults
         super().__init__(opts)
-        self.options, self.name = opts, opts.name
+        self.options = opts
 
     def load_corpus(self) -> Corpus:
         return synthetic_corpus(self.options)
@@ -158,10 +165,12 @@ class ZipfDataModule(LMDataModule):
     a few seconds for 10^6 types); ``cache_dir`` is accepted, like in every data config, and unused.
     """
 
+    name, Options = "zipf", ZipfDataOptions  # data=zipf
+
     def __init__(self, **options: Any) -> None:
         opts = ZipfDataOptions(**options)  # the keys left out take their defaults
         super().__init__(opts)
-        self.options, self.name = opts, opts.name
+        self.options = opts
 
     def load_corpus(self) -> Corpus:
         return zipf_topic_corpus(self.options)

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lmtrain.common.ranges import Checked
 from lmtrain.data.corpus import Corpus
 from lmtrain.data.errors import DataError
 
@@ -52,7 +53,9 @@ class ZipfMarkovSource:
     (nats/token).
     """
 
-    def __init__(self, vocab_size: int, zipf_s: float = 1.0, mix: float = 0.3, seed: int = 0) -> None:
+    def __init__(self, vocab_size: int, **options: Any) -> None:
+        opts = SyntheticOptions(vocab_size=vocab_size, **options)  # zipf_s, mix, seed: the ones left out, defaults
+        zipf_s, mix, seed = opts.zipf_s, opts.mix, opts.seed
         if vocab_size < 2:
             raise DataError(f"synthetic vocab_size is {vocab_size}: set data.vocab_size to at least 2.")
         if zipf_s <= 0:
@@ -102,7 +105,7 @@ def frequency_order(train: Tensor, num_classes: int) -> tuple[Tensor, Tensor]:
 
 
 @dataclass
-class GeneratedSplits:
+class GeneratedSplits(Checked):
     """The token counts of a generated corpus's train/valid/test streams, and the seed of its source and draws."""
 
     train_tokens: int = 200_000

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -60,9 +61,9 @@ class ZipfTopicSource:
     perplexity any model can reach on the source.
     """
 
-    def __init__(
-        self, num_classes: int = 100_000, zipf_s: float = 1.0, topic_size: float = 10.0, mix: float = 0.1, seed: int = 0
-    ) -> None:
+    def __init__(self, num_classes: int, **options: Any) -> None:
+        opts = ZipfTopicOptions(vocab_size=num_classes, **options)  # zipf_s, topic_size, mix, seed, else the defaults
+        zipf_s, topic_size, mix, seed = opts.zipf_s, opts.topic_size, opts.mix, opts.seed
         if not 2 <= num_classes < 2**31:
             raise DataError(f"zipf num_classes is {num_classes}: set data.num_classes to at least 2.")
         if not zipf_s > 0:

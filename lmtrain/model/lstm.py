@@ -7,14 +7,15 @@ from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
+from lmtrain.common.part import Part
 from lmtrain.common.precision import lstm_region
-from lmtrain.common.ranges import AT_LEAST_1
+from lmtrain.common.ranges import AT_LEAST_1, Checked
 
 State = tuple[Tensor, Tensor]  # (h, c), each (num_layers, B, hidden_dim)
 
 
 @dataclass
-class LSTMOptions:
+class LSTMOptions(Checked):
     """``model=lstm``: the encoder's keys and their defaults (the one place of them; the config schema adds the
     class to build)."""
 
@@ -30,7 +31,7 @@ class LSTMOptions:
     sparse_embedding: bool | str = field(default="auto", metadata={"choices": (True, False, "auto")})
 
 
-class LSTMEncoder(nn.Module):
+class LSTMEncoder(nn.Module, Part):
     """Embedding, multi-layer LSTM and dropout; the output strategy owns the vocabulary projection.
 
     Dropout (Zaremba et al. 2014) is applied to the embeddings, between layers and to the top output.
@@ -42,12 +43,13 @@ class LSTMEncoder(nn.Module):
     (``lmtrain.training.optim.sparse_rows_match_dense``); constructed directly it means dense.
     """
 
+    group, name, Options = "model", "lstm", LSTMOptions  # model=lstm (``lmtrain.common.part``)
     # the run-time values lmtrain.training.build passes besides the config
     runtime_args: ClassVar[tuple[str, ...]] = ("num_classes",)
 
     def __init__(self, num_classes: int, **options: Any) -> None:
         super().__init__()
-        opts = LSTMOptions(**options)  # the keys left out take their defaults
+        self.options = opts = self.Options(**options)  # the keys left out take their defaults
         self.hidden_dim, self.num_layers = opts.hidden_dim, opts.num_layers
         self.embedding = nn.Embedding(num_classes, opts.emb_dim, sparse=opts.sparse_embedding is True)
         dropout = opts.dropout if opts.num_layers > 1 else 0.0

@@ -1,5 +1,6 @@
 """Output strategies: one file each, all behind ``OutputLayer`` (docs/architecture.md); the sampled family in
-``sampled/``. Configs and checkpoints name the classes here (``lmtrain.output.CosineSampledSoftmax``)."""
+``sampled/``. Configs name a class by its own module (``lmtrain.output.sampled.cosine.CosineSampledSoftmax``);
+checkpoints written before them by its export here, which still loads."""
 
 from lmtrain.output.adaptive import AdaptiveSoftmax
 from lmtrain.output.base import OutputLayer

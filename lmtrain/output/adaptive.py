@@ -88,6 +88,7 @@ class AdaptiveSoftmax(OutputLayer):
     are torch's on both paths.
     """
 
+    name, Options = "adaptive", AdaptiveOptions  # output=adaptive
     loss_is_nll = True
     # the training loss's form: None by the device (fixed shapes on a GPU, torch's module elsewhere); True or False
     # forces one (the launch counter and the tests)
@@ -95,7 +96,7 @@ class AdaptiveSoftmax(OutputLayer):
 
     def __init__(self, num_classes: int, dim: int, **options: Any) -> None:
         super().__init__()
-        opts = AdaptiveOptions(**options)  # the keys left out take their defaults
+        self.options = opts = AdaptiveOptions(**options)  # the keys left out take their defaults
         cutoffs, div_value = opts.cutoffs, opts.div_value
         if cutoffs is None:
             cutoffs = derive_cutoffs(num_classes, max_clusters(dim, div_value))

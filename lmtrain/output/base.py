@@ -7,12 +7,13 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
+from lmtrain.common.part import Part
 from lmtrain.common.precision import in_float32, wrap_methods
 
 PAIRS_PER_CHUNK = 1 << 16  # (position, class) pairs per log_prob call in the default log_probs_all
 
 
-class OutputLayer(nn.Module):
+class OutputLayer(nn.Module, Part):
     """Maps top-layer hidden states to a training objective and to exact log-probabilities.
 
     ``loss`` is the (possibly surrogate) objective minimised in training; ``log_prob`` is always the
@@ -26,6 +27,7 @@ class OutputLayer(nn.Module):
     float32 (``lmtrain.common.precision``): exact evaluation never passes through bfloat16.
     """
 
+    group = "output"  # output=NAME (``lmtrain.common.part``)
     # the run-time values lmtrain.training.build passes besides the config
     runtime_args: ClassVar[tuple[str, ...]] = ("num_classes", "dim")
 

@@ -25,13 +25,14 @@ class FullSoftmax(OutputLayer):
     ``bias_init`` is ``zero`` or ``log_unigram`` (the biases start at the log training unigram, ``counts``).
     """
 
+    name, Options = "full", FullOptions  # output=full
     runtime_args: ClassVar[tuple[str, ...]] = ("num_classes", "dim", "counts")
 
     loss_is_nll = True
 
     def __init__(self, num_classes: int, dim: int, counts: Tensor | None = None, **options: Any) -> None:
         super().__init__()
-        opts = FullOptions(**options)  # the keys left out take their defaults
+        self.options = opts = FullOptions(**options)  # the keys left out take their defaults
         self.num_classes, self.dim = num_classes, dim
         self.eval_chunk = opts.eval_chunk
         self.train_chunk, self.logits_mib, self.gpu_logits_fraction = (

@@ -34,13 +34,14 @@ class HierarchicalSoftmax(OutputLayer):
     in ``__init__``, never saved.
     """
 
+    name, Options = "hsm", HSMOptions  # output=hsm
     runtime_args: ClassVar[tuple[str, ...]] = ("num_classes", "dim", "counts")
 
     loss_is_nll = True
 
     def __init__(self, num_classes: int, dim: int, counts: Tensor, **options: Any) -> None:
         super().__init__()
-        opts = HSMOptions(**options)  # the keys left out take their defaults
+        self.options = opts = HSMOptions(**options)  # the keys left out take their defaults
         counts = torch.as_tensor(counts)
         if counts.shape != (num_classes,):
             raise ValueError(f"counts must have one entry per class ({num_classes}), got shape {tuple(counts.shape)}")

@@ -7,11 +7,12 @@ from typing import ClassVar
 
 from torch import Tensor, nn
 
+from lmtrain.common.part import Part
 from lmtrain.common.precision import wrap_methods
 from lmtrain.sampler.proposal import Proposal
 
 
-class Sampler(nn.Module):
+class Sampler(nn.Module, Part):
     """A proposal q over the classes, used for negatives by sampled softmax, NCE and negative sampling.
 
     Its one method of the step is ``propose(query, inputs, targets)``: this step's ``Proposal``, which draws the
@@ -29,6 +30,7 @@ class Sampler(nn.Module):
     (``lmtrain.common.precision``): log q and a kernel tree's node sums never pass through bfloat16.
     """
 
+    group = "sampler"  # sampler=NAME (``lmtrain.common.part``)
     # the run-time values lmtrain.training.build passes besides the config
     runtime_args: ClassVar[tuple[str, ...]] = ("num_classes",)
 

@@ -31,6 +31,7 @@ class BigramSampler(Sampler):
     buffers: never in checkpoints) and follow the module's device.
     """
 
+    name, Options = "bigram", BigramOptions  # sampler=bigram
     runtime_args: ClassVar[tuple[str, ...]] = ("num_classes", "train_ids")
 
     shared = False
@@ -38,12 +39,10 @@ class BigramSampler(Sampler):
 
     def __init__(self, num_classes: int, train_ids: Tensor | None = None, **options: Any) -> None:
         super().__init__()
-        opts = BigramOptions(**options)  # the keys left out take their defaults
+        self.options = opts = BigramOptions(**options)  # the keys left out take their defaults
         unigram_weight, smoothing = opts.unigram_weight, opts.smoothing
         if train_ids is None:
             raise ValueError("sampler=bigram needs the training token ids (train_ids) to count bigrams")
-        if not 0.0 < unigram_weight <= 1.0:
-            raise ValueError(f"sampler.unigram_weight must be in (0, 1] so that every q > 0, got {unigram_weight}")
         if not 2 <= num_classes < 2**31:
             raise ValueError(f"BigramSampler needs 2 <= num_classes < 2^31, got {num_classes}")
         ids = train_ids.detach().reshape(-1).cpu().long()  # (T,)

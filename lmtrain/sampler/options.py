@@ -1,38 +1,68 @@
 """The options of the samplers that take any, one dataclass per sampler: the keys of its ``sampler=...`` config and
 their defaults, ranges (``metadata``, read by the config check) and meaning. A sampler's constructor takes them as
-keywords and fills the ones left out from here; the config schemas (``lmtrain/config/strategies.py``) add the class
-to build, so a default is written once, here."""
+keywords and fills the ones left out from here; the config schemas (derived by ``lmtrain.config.schema``) add the
+class to build, so a default is written once, here."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lmtrain.common.ranges import AT_LEAST_1
+from lmtrain.common.ranges import AT_LEAST_1, Checked, Choice
+
+
+class Distribution(Choice):
+    """``UnigramOptions.distribution``: the training unigram, or log-uniform (Zipf over the frequency ranks)."""
+
+    unigram = "unigram"
+    log_uniform = "log_uniform"
+
+
+class Backend(Choice):
+    """``KernelOptions.backend``: the kernel tree's algorithm; auto: the fixed one on a GPU, else the walk."""
+
+    auto = "auto"
+    walk = "walk"
+    fixed = "fixed"
+
+
+class TreeUpdate(Choice):
+    """``KernelOptions.tree_update``: how the fixed backend brings the tree up to date after a step."""
+
+    auto = "auto"
+    paths = "paths"
+    resum = "resum"
+
+
+class Projection(Choice):
+    """``RFFOptions.projection``: the precision of the random projection's inputs."""
+
+    float32 = "float32"
+    bfloat16 = "bfloat16"
 
 
 @dataclass
-class UnigramOptions:
+class UnigramOptions(Checked):
     """``sampler=unigram|noise``: unigram^power from the training-split counts, or log-uniform (Zipf over the
     frequency-ordered vocabulary, no counts needed); drawn in O(1) from an alias table."""
 
     power: float = field(default=1.0, metadata={"at_least": 0})  # 0.75 in sampler=noise (word2vec's distortion)
-    distribution: str = field(default="unigram", metadata={"choices": ("unigram", "log_uniform")})
-    smoothing: float = field(default=1.0, metadata={"at_least": 0})  # added to every count, so every q_i > 0
+    distribution: Distribution = Distribution.unigram
+    smoothing: float = field(default=1.0, metadata={"above": 0})  # added to every count, so every q_i > 0
 
 
 @dataclass
-class BigramOptions:
+class BigramOptions(Checked):
     """``sampler=bigram``: q(j | p) = (1 - w) c(p, j) / c(p) + w u(j) with p the position's input token (the
     previous word), c the training-split bigram counts and u the smoothed training unigram."""
 
     # w in (0, 1]: the unigram's share (PTB valid cross-entropy of q is lowest near 0.25-0.3); a token never
     # followed by anything in training uses the unigram alone
-    unigram_weight: float = field(default=0.25, metadata={"above": 0})  # <= 1: checked by the sampler
-    smoothing: float = field(default=1.0, metadata={"at_least": 0})  # added to every unigram count
+    unigram_weight: float = field(default=0.25, metadata={"above": 0, "at_most": 1})
+    smoothing: float = field(default=1.0, metadata={"above": 0})  # added to every unigram count
 
 
 @dataclass
-class KernelOptions:
+class KernelOptions(Checked):
     """What every kernel proposal's divide-and-conquer tree takes (refreshed after every optimizer step)."""
 
     leaf_size: int | None = field(default=None, metadata=AT_LEAST_1)  # classes per tree bucket; None: auto
@@ -50,14 +80,14 @@ class KernelOptions:
     )
     # auto: the fixed-shape backend on a GPU, the walk on a CPU (chosen when the tree is built on a device); walk |
     # fixed force one, for tests and benchmarks
-    backend: str = field(default="auto", metadata={"choices": ("auto", "walk", "fixed")})
+    backend: Backend = Backend.auto
     # the fixed backend: the levels one product scores for every node at each step, so a tree of up to
     # 2^scored_levels buckets is scored whole and a deeper one draws its last levels in gathered stages; more trades
     # the stages' gathered bytes for the product's multiply-adds (docs/gpu.md)
     scored_levels: int = field(default=15, metadata={"at_least": 0})
     # the fixed backend: after a step the changed buckets' deltas go up their paths to the root (paths), or the tree is
     # re-summed from its leaves (resum); auto: whichever touches fewer values
-    tree_update: str = field(default="auto", metadata={"choices": ("auto", "paths", "resum")})
+    tree_update: TreeUpdate = TreeUpdate.auto
 
 
 @dataclass
@@ -78,6 +108,7 @@ class RFFOptions(KernelOptions):
     D: int = field(default=1024, metadata=AT_LEAST_1)  # random frequencies (rows of Omega)
     nu: float = field(default=4.0, metadata={"above": 0})  # kernel sharpness 1 / T^2, the paper's best T = 0.5
     temperature: float | None = field(default=None, metadata={"above": 0})  # T; when set it replaces nu
-    seed: int = 0  # Omega is drawn once from this seed and saved in checkpoints (the config: the run's seed)
+    # Omega is drawn once from this seed and saved in checkpoints; a config's follows the run's seed
+    seed: int = field(default=0, metadata={"follows": "seed"})
     # bfloat16: Omega u from bfloat16 inputs (float32 sums), faster features on CPUs with AVX512-BF16
-    projection: str = field(default="float32", metadata={"choices": ("float32", "bfloat16")})
+    projection: Projection = Projection.float32

@@ -21,6 +21,7 @@ class SoftmaxSampler(Sampler):
     softmax exact (docs/strategies.md), not a fast proposal.
     """
 
+    name = "softmax"  # sampler=softmax
     shared = False
     per_position_only: ClassVar[bool] = True
 

@@ -15,6 +15,8 @@ from lmtrain.sampler.proposal import Draws, Proposal, per_position_shape, positi
 class UniformSampler(Sampler):
     """q_i = 1 / n for every class; draws are ``torch.randint`` (O(1) each), shared across the batch."""
 
+    name = "uniform"  # sampler=uniform
+
     def __init__(self, num_classes: int) -> None:
         super().__init__()
         if num_classes < 2:

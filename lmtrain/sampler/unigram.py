@@ -26,11 +26,12 @@ class UnigramSampler(Sampler):
     distribution actually sampled is known exactly and ``log_q`` returns exactly that distribution.
     """
 
+    name, Options = "unigram", UnigramOptions  # sampler=unigram (sampler=noise: power 0.75, conf/sampler/noise.yaml)
     runtime_args: ClassVar[tuple[str, ...]] = ("num_classes", "counts")
 
     def __init__(self, num_classes: int, counts: Tensor | None = None, **options: Any) -> None:
         super().__init__()
-        opts = UnigramOptions(**options)  # the keys left out take their defaults
+        self.options = opts = UnigramOptions(**options)  # the keys left out take their defaults
         power, distribution, smoothing = opts.power, opts.distribution, opts.smoothing
         if num_classes < 2 or num_classes >= 2**30:
             raise ValueError(f"UnigramSampler needs 2 <= num_classes < 2^30, got {num_classes}")
@@ -53,8 +54,8 @@ class UnigramSampler(Sampler):
             raise ValueError("sampler.distribution=unigram needs the training-split counts; use log_uniform without")
         if counts.numel() != n:
             raise ValueError(f"counts has {counts.numel()} entries but num_classes is {n}; pass one count per class")
-        if smoothing <= 0 or bool((counts < 0).any()):
-            raise ValueError(f"counts must be >= 0 and sampler.smoothing > 0 (got {smoothing}) so every q_i > 0")
+        if bool((counts < 0).any()):  # smoothing > 0 (UnigramOptions) then keeps every q_i > 0
+            raise ValueError("counts must be >= 0 so that every q_i > 0")
         return counts.detach().cpu().to(torch.float64) + smoothing
 
     def propose(

@@ -32,7 +32,8 @@ def build(cfg: DictConfig, runtime: Runtime, **resolved: Any) -> Any:
     """The part ``cfg`` describes: its ``_target_`` built from the config (with the ``resolved`` values in place of
     the config's, e.g. a ``sparse_embedding: auto``) and the run-time values its class declares."""
     values = {name: getattr(runtime, name) for name in runtime_args(str(cfg._target_))}
-    return instantiate(cfg, **values, **resolved, _convert_="all")
+    spec = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)  # plain strings: nothing a checkpoint refuses
+    return instantiate(spec, **values, **resolved, _convert_="all")
 
 
 def build_output(cfg: DictConfig, num_classes: int, dim: int, counts: Tensor, train_ids: Tensor | None = None) -> Any:
@@ -63,12 +64,12 @@ def build_model(cfg: DictConfig) -> tuple[L.LightningDataModule, LanguageModel]:
 def build_module(cfg: DictConfig, num_classes: int, counts: Tensor, train_ids: Tensor | None) -> LanguageModel:
     """The LanguageModel of ``cfg`` for a vocabulary of ``num_classes`` with these training ``counts`` (and training
     stream, for strategies built from it); ``module.signature`` is what a checkpoint must match to be loaded."""
-    optim = OmegaConf.to_container(cfg.optim, resolve=True)
+    optim = OmegaConf.to_container(cfg.optim, resolve=True, enum_to_str=True)
     sparse = cfg.model.get("sparse_embedding")
     resolved = {"sparse_embedding": sparse_rows_match_dense(optim)} if sparse == "auto" else {}
     encoder = build(cfg.model, Runtime(num_classes), **resolved)
     output = build_output(cfg, num_classes, encoder.output_dim, counts, train_ids)
-    module = LanguageModel(encoder, output, optim, cfg.loss_reduction)
+    module = LanguageModel(encoder, output, optim, str(cfg.loss_reduction))
     if cfg.get("execution") is not None:
         note = "execution=%s is deprecated and ignored: the device decides (a kernel tree's backend: sampler.backend)"
         log.warning(note, cfg.execution)

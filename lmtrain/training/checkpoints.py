@@ -93,9 +93,20 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
 def check_compatible(checkpoint: dict[str, Any], signature: dict[str, Any], path: Path) -> None:
     """Refuse to resume a run whose model, output strategy or vocabulary differ from the checkpoint's."""
     saved = checkpoint["lmtrain"].get("signature", {})
-    diffs = [f"{k}: checkpoint {saved.get(k)!r} vs now {v!r}" for k, v in signature.items() if saved.get(k) != v]
+    diffs = [
+        f"{k}: checkpoint {saved.get(k)!r} vs now {v!r}" for k, v in signature.items() if not same(k, saved.get(k), v)
+    ]
     if diffs:
         raise CheckpointError(f"ckpt_path {path} does not match this config ({'; '.join(diffs)})")
+
+
+def same(key: str, saved: Any, now: Any) -> bool:
+    """Whether a checkpoint's signature entry matches this run's: the output strategy by its class (its ``_target_``
+    names the class's module, ``lmtrain.output.full.FullSoftmax``, where older checkpoints have the package's export,
+    ``lmtrain.output.FullSoftmax``)."""
+    if key == "output" and isinstance(saved, str) and isinstance(now, str):
+        return saved.rsplit(".", 1)[-1] == now.rsplit(".", 1)[-1]
+    return saved == now
 
 
 def find_last(run_dir: Path, search_root: Path, overrides: list[str]) -> Path:

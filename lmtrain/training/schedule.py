@@ -8,7 +8,6 @@ from typing import Any
 import torch
 
 from lmtrain.common.optim_options import ScheduleOptions
-from lmtrain.common.ranges import require_choice
 
 
 @dataclass
@@ -25,9 +24,8 @@ class StepDecay:
 def build_scheduler(optimizer: torch.optim.Optimizer, schedule: dict[str, Any]) -> dict[str, Any] | None:
     """A Lightning lr_scheduler config for `schedule.kind` in step | plateau | none; a missing key takes its
     ``ScheduleOptions`` default."""
-    options = ScheduleOptions(**schedule)
+    options = ScheduleOptions(**schedule)  # checks the kind
     kind = options.kind
-    require_choice(ScheduleOptions, "kind", kind, "optim.schedule.kind")
     if kind == "step":
         rule = StepDecay(int(options.start), float(options.decay))
         return {"scheduler": torch.optim.lr_scheduler.LambdaLR(optimizer, rule), "interval": "epoch"}
@@ -36,4 +34,4 @@ def build_scheduler(optimizer: torch.optim.Optimizer, schedule: dict[str, Any]) 
             optimizer, mode="min", factor=float(options.decay), patience=int(options.patience)
         )
         return {"scheduler": plateau, "monitor": "val/ppl", "interval": "epoch"}
-    return None  # none: the schema's choices (ScheduleOptions.kind, checked above) leave no other kind
+    return None  # none: ScheduleOptions' choices (checked above) leave no other kind

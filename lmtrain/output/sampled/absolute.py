@@ -16,6 +16,7 @@ class AbsoluteSampledSoftmax(SampledSoftmax):
     ``sampler=quadratic``, whose tree is refreshed in ``after_optimizer_step``.
     """
 
+    name, companions = "quadratic", {"sampler": "quadratic"}  # output=quadratic: with the quadratic-kernel proposal
     signed_scores = False  # |o| would turn log-unigram biases (all negative) into a rare-word preference
 
     def score(self, query: Tensor, rows: Tensor) -> Tensor:

@@ -27,6 +27,7 @@ class CosineSampledSoftmax(SampledSoftmax):
     "Why the hidden state is normalized softly"). The class vectors are always normalized exactly.
     """
 
+    name, companions = "rff", {"sampler": "rff"}  # output=rff: with the random-Fourier-feature proposal
     Options: ClassVar[type[CosineOptions]] = CosineOptions
     options: CosineOptions
     _unit: tuple[Tensor, Tensor] | None = None  # the last (query, unit(query)), reused within a step

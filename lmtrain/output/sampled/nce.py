@@ -22,6 +22,7 @@ class NCE(SampledOutput):
     ``extra_metrics`` reports the mean ln Σ_i exp(s_i) to show how self-normalized the model is.
     """
 
+    name, companions = "nce", {"sampler": "noise"}  # output=nce: with unigram^0.75 noise (conf/sampler/noise.yaml)
     Options: ClassVar[type[NCEOptions]] = NCEOptions
     options: NCEOptions
 

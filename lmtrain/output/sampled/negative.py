@@ -9,17 +9,19 @@ from torch import Tensor
 
 from lmtrain.output.sampled.base import SampledOutput
 from lmtrain.output.sampled.estimators import logistic_nll
-from lmtrain.output.sampled.options import BiasOptions
+from lmtrain.output.sampled.options import NegativeOptions
 
 
 class NegativeSampling(SampledOutput):
-    """loss = softplus(−s_t) + Σ_j softplus(s_{s_j}) with ``num_samples`` negatives from ``sampler`` (``BiasOptions``).
+    """loss = softplus(−s_t) + Σ_j softplus(s_{s_j}) with ``num_samples`` negatives from ``sampler``
+    (``NegativeOptions``).
 
     The scores s = [W, b] . [h, 1] are the sampled-softmax scores; training does not estimate a
     normalized model, but evaluation normalizes the same scores with an exact full softmax.
     """
 
-    Options: ClassVar[type[BiasOptions]] = BiasOptions
+    name, companions = "negative", {"sampler": "noise"}  # output=negative: with unigram^0.75 noise
+    Options: ClassVar[type[NegativeOptions]] = NegativeOptions
     corrects_with_log_q: ClassVar[bool] = False
 
     def loss(self, hidden: Tensor, target: Tensor, inputs: Tensor | None = None) -> Tensor:

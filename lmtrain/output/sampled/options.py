@@ -2,21 +2,29 @@
 
 A strategy's constructor takes them as keywords (``SampledSoftmax(n, d, sampler, num_samples=10)``), so the
 config keys users override stay flat (``output.num_samples``); the strategy keeps them as ``self.options``.
-They are also the typed config schemas of these strategies (``lmtrain/config/strategies.py``) and the one place
-of each key's default: a field's ``metadata`` holds what its type cannot say (``choices``, ``at_least``), which the
-config check reads before anything is built, so the classes do not check those ranges again.
+They are also the typed config schemas of these strategies (derived by ``lmtrain.config.schema``) and the one place
+of each key's default, also where it differs between strategies (``NCEOptions.bias_init``); a field's ``metadata``
+holds what its type cannot say (``at_least``, ``follows``), checked once (``lmtrain.common.ranges``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lmtrain.common.ranges import AT_LEAST_1
-from lmtrain.output.options import BIAS_INIT
+from lmtrain.common.ranges import AT_LEAST_1, Checked, Choice
+from lmtrain.output.options import INIT_RANGE, BiasInit
+
+
+class Correction(Choice):
+    """The sampled-softmax correction: ``exact`` (docs/strategies.md) or ``classic`` (o - ln(m q), Bengio &
+    Senecal)."""
+
+    exact = "exact"
+    classic = "classic"
 
 
 @dataclass
-class SampledOptions:
+class SampledOptions(Checked):
     """What every sampled strategy takes.
 
     ``num_samples`` negatives m; ``shared_negatives`` one set of m for the whole batch, or m per position (None:
@@ -26,10 +34,11 @@ class SampledOptions:
 
     num_samples: int = field(default=100, metadata=AT_LEAST_1)
     # true: one set of m for the whole batch (kernel samplers: from the mixture of the batch's proposals, by one
-    # tree walk, every position corrected with it); false: m per position (N x m); None: the sampler's own mode
-    shared_negatives: bool | None = None
+    # tree walk, every position corrected with it); false: m per position (N x m), which trains far better than one
+    # set per batch (docs/strategies.md); None: the sampler's own mode
+    shared_negatives: bool | None = False
     sparse: bool = True  # sparse row gradients: only the touched rows (and tree buckets) are read and updated
-    init_range: float = field(default=0.1, metadata={"above": 0})
+    init_range: float = field(default=0.1, metadata=INIT_RANGE)
     eval_chunk: int = field(default=65536, metadata=AT_LEAST_1)
 
 
@@ -38,7 +47,7 @@ class BiasOptions(SampledOptions):
     """A bias per class (``bias``), starting at zero or at the log training unigram (``bias_init``)."""
 
     bias: bool = True
-    bias_init: str = field(default="zero", metadata=BIAS_INIT)
+    bias_init: BiasInit = BiasInit.zero
 
 
 @dataclass
@@ -47,8 +56,7 @@ class EstimatorOptions(SampledOptions):
     ``remove_accidental_hits`` masks negatives equal to the target; ``unique`` draws distinct negatives."""
 
     remove_accidental_hits: bool = True
-    # exact (docs/strategies.md) | classic (o - ln(m q), Bengio & Senecal)
-    correction: str = field(default="exact", metadata={"choices": ("exact", "classic")})
+    correction: Correction = Correction.exact
     unique: bool = False  # draw distinct negatives, corrected with expected counts (context-free samplers)
 
 
@@ -68,6 +76,17 @@ class CosineOptions(EstimatorOptions):
 
 @dataclass
 class NCEOptions(BiasOptions):
-    """``NCE``: ln Z is 0 (self-normalized) or, with ``learn_log_z``, one learned scalar."""
+    """``NCE``: ln Z is 0 (self-normalized) or, with ``learn_log_z``, one learned scalar. Its biases start at the
+    log training unigram, a normalized start (Labeau & Allauzen 2018)."""
 
+    bias_init: BiasInit = BiasInit.log_unigram
     learn_log_z: bool = False
+
+
+@dataclass
+class NegativeOptions(BiasOptions):
+    """``NegativeSampling``: one noise set per batch, the biases starting at the log training unigram (a normalized
+    start, Labeau & Allauzen 2018)."""
+
+    shared_negatives: bool | None = True
+    bias_init: BiasInit = BiasInit.log_unigram

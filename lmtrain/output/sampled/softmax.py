@@ -32,6 +32,7 @@ class SampledSoftmax(SampledOutput):
     by overriding ``score``.
     """
 
+    name, companions = "sampled", {"sampler": "uniform"}  # output=sampled, with sampler=uniform unless one is chosen
     Options: ClassVar[type[EstimatorOptions]] = SoftmaxOptions
     options: EstimatorOptions
 

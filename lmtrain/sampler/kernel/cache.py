@@ -8,7 +8,6 @@ from torch import Tensor, nn
 from lmtrain.sampler.kernel.features import FeatureMap
 
 AUTO_BYTES = 4 << 30  # the most memory `auto` gives the cache: 10^4-10^5 RFF classes in float32, 10^6 in bfloat16
-CACHE_MODES = ("auto", "full", "bfloat16", "off")
 
 
 class FeatureCache(nn.Module):
@@ -34,12 +33,10 @@ class FeatureCache(nn.Module):
     - ``off``.
     """
 
-    def __init__(self, mode: str | bool | None = "auto") -> None:
+    def __init__(self, mode: str | bool | None) -> None:
         super().__init__()
-        mode = "off" if mode is None or mode is False else "full" if mode is True else mode  # YAML reads off as False
-        if mode not in CACHE_MODES:
-            raise ValueError(f"sampler.feature_cache must be one of {', '.join(CACHE_MODES)}, got {mode!r}")
-        self.mode = mode
+        # YAML reads off as False; KernelOptions' metadata holds the choices (checked with the options)
+        self.mode = "off" if mode is None or mode is False else "full" if mode is True else str(mode)
         self.register_buffer("table", torch.empty(0), persistent=False)  # derived state: never in checkpoints
         self.register_buffer("rows", torch.empty(0), persistent=False)  # (B L, d) prepared rows (``prepared_rows``)
 

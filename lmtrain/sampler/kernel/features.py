@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lmtrain.sampler.options import RFFOptions
+
 
 class FeatureMap(nn.Module):
     """A kernel K(a, b) = <phi(a), phi(b)> (exact or in expectation) that depends on a . b only.
@@ -88,27 +90,12 @@ class RandomFourierFeatures(FeatureMap):
 
     prepares = True  # to unit vectors
 
-    def __init__(
-        self,
-        D: int = 1024,
-        nu: float = 4.0,
-        seed: int = 0,
-        temperature: float | None = None,
-        projection: str = "float32",
-    ) -> None:
+    def __init__(self, **options: Any) -> None:
         super().__init__()
-        if projection not in ("float32", "bfloat16"):
-            raise ValueError(f"sampler.projection must be float32 or bfloat16, got {projection!r}")
-        self.projection = projection
-        if temperature is not None:
-            if not temperature > 0:
-                raise ValueError(f"sampler.temperature must be positive (nu = 1 / T^2), got {temperature}")
-            nu = 1.0 / temperature**2
-        if not nu > 0:
-            raise ValueError(f"sampler.nu must be positive (the kernel is exp(nu * cos)), got {nu}")
-        if int(D) < 1:
-            raise ValueError(f"sampler.D must be a positive number of random frequencies, got {D}")
-        self.num_frequencies, self.nu, self.seed = int(D), float(nu), int(seed)
+        opts = RFFOptions(**options)  # D, nu, seed, temperature, projection; the keys left out take their defaults
+        self.projection = opts.projection
+        nu = opts.nu if opts.temperature is None else 1.0 / opts.temperature**2
+        self.num_frequencies, self.nu, self.seed = int(opts.D), float(nu), int(opts.seed)
         self.register_buffer("omega", torch.empty(self.num_frequencies, 0))  # drawn on first use
 
     def out_features(self, in_features: int) -> int:

@@ -55,9 +55,7 @@ class FixedUpdate:
     were last recomputed from the cache. ``mode`` (``sampler.tree_update``): ``auto`` chooses path deltas or a
     re-sum by ``by_paths``' count, ``paths`` takes the deltas wherever they fit the memory budget, ``resum`` never."""
 
-    def __init__(self, store: TreeStore, mode: str = "auto") -> None:
-        if mode not in ("auto", "paths", "resum"):
-            raise ValueError(f"sampler.tree_update must be auto, paths or resum, got {mode!r}")
+    def __init__(self, store: TreeStore, mode: str) -> None:
         self.store = store
         self.mode = mode
         self.updates = 0

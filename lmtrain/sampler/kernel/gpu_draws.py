@@ -9,7 +9,7 @@ from torch import Tensor
 
 from lmtrain.sampler.kernel.buckets import BucketScorer
 from lmtrain.sampler.kernel.features import FeatureMap
-from lmtrain.sampler.kernel.fixed_walk import SCORED_LEVELS, FixedWalk, Reach
+from lmtrain.sampler.kernel.fixed_walk import FixedWalk, Reach
 from lmtrain.sampler.kernel.store import TreeStore
 
 
@@ -29,7 +29,7 @@ class FixedDraws:
     bucket (no deduplication, no per-step table), and path probabilities from the same top reach. ``top`` is a step's
     ``FixedStep`` (None: computed here). ``scored_levels``: ``FixedWalk``'s ``scored``."""
 
-    def __init__(self, store: TreeStore, scorer: BucketScorer, scored_levels: int = SCORED_LEVELS) -> None:
+    def __init__(self, store: TreeStore, scorer: BucketScorer, scored_levels: int) -> None:
         self.store, self.scorer = store, scorer
         self.walk = FixedWalk(store, scored=scored_levels)
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from lmtrain.common.constants import with_ones_column
 from lmtrain.sampler.kernel.features import FeatureMap
+from lmtrain.sampler.options import QuadraticOptions
 
 
 class QuadraticFeatures(FeatureMap):
@@ -21,11 +23,9 @@ class QuadraticFeatures(FeatureMap):
 
     cache_pays = False  # node sums, bucket scores: d x d products, cheaper than reading F = d (d + 1) / 2 per class
 
-    def __init__(self, alpha: float = 100.0) -> None:
+    def __init__(self, **options: Any) -> None:
         super().__init__()
-        if not alpha > 0:
-            raise ValueError(f"sampler.alpha must be positive (the quadratic kernel's scale), got {alpha}")
-        self.alpha = float(alpha)
+        self.alpha = float(QuadraticOptions(**options).alpha)  # the keys left out take their defaults
         self._triangles: dict[tuple, tuple[Tensor, Tensor, Tensor, Tensor]] = {}
 
     def out_features(self, in_features: int) -> int:

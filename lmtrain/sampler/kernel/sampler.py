@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Any, ClassVar
@@ -51,16 +52,8 @@ class KernelSampler(Sampler):
         options: KernelOptions | None = None,
     ) -> None:
         super().__init__()
-        opts = options or KernelOptions()
-        self.tree = KernelTree(
-            features,
-            leaf_size=opts.leaf_size,
-            eps=opts.eps,
-            refresh=opts.refresh,
-            feature_cache=opts.feature_cache,
-            scored_levels=opts.scored_levels,
-            tree_update=opts.tree_update,
-        )
+        self.options = opts = options or KernelOptions()
+        self.tree = KernelTree(features, **{f.name: getattr(opts, f.name) for f in dataclasses.fields(KernelOptions)})
         self.backend = opts.backend
         share = opts.unigram_share
         self.unigram = UnigramShare(share, num_classes, counts) if share else None
@@ -122,9 +115,11 @@ class QuadraticSampler(KernelSampler):
     the tree stores about 2 * 2^ceil(log2(2 n / d)) * F floats: ~2.7 GB at n = 10^6, d = 201.
     """
 
+    name, Options = "quadratic", QuadraticOptions  # sampler=quadratic
+
     def __init__(self, num_classes: int | None = None, counts: Tensor | None = None, **options: Any) -> None:
         opts = QuadraticOptions(**options)  # the keys left out take their defaults
-        super().__init__(QuadraticFeatures(opts.alpha), num_classes, counts, opts)
+        super().__init__(QuadraticFeatures(alpha=opts.alpha), num_classes, counts, opts)
 
 
 class RFFSampler(KernelSampler):
@@ -135,7 +130,8 @@ class RFFSampler(KernelSampler):
     2 * 2^ceil(log2(n d / 2 D)) * 2 D floats: ~2.1 GB at n = 10^6, d = 200, D = 1024.
     """
 
+    name, Options = "rff", RFFOptions  # sampler=rff
+
     def __init__(self, num_classes: int | None = None, counts: Tensor | None = None, **options: Any) -> None:
         opts = RFFOptions(**options)  # the keys left out take their defaults
-        features = RandomFourierFeatures(opts.D, opts.nu, opts.seed, opts.temperature, projection=opts.projection)
-        super().__init__(features, num_classes, counts, opts)
+        super().__init__(RandomFourierFeatures(**options), num_classes, counts, opts)

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from lmtrain.sampler.kernel.cache import FeatureCache
 from lmtrain.sampler.kernel.features import FeatureMap
 from lmtrain.sampler.kernel.fixed_update import FixedUpdate
+from lmtrain.sampler.options import KernelOptions
 
 # elements of the temporaries of one chunk of changed rows (8 MiB): small enough to stay in cache and to be reused
 # without page faults, large enough for few Python steps (docs/architecture.md, measured design choices)
@@ -50,29 +51,14 @@ class TreeStore(nn.Module):
 
     features: FeatureMap
 
-    def __init__(
-        self,
-        features: FeatureMap,
-        leaf_size: int | None = None,
-        eps: float = 1e-6,
-        chunk_elements: int = 1 << 22,
-        refresh: int = 64,
-        feature_cache: str | bool | None = "auto",
-        tree_update: str = "auto",
-    ) -> None:
+    def __init__(self, features: FeatureMap, options: KernelOptions, chunk_elements: int = 1 << 22) -> None:
         super().__init__()
         self.fixed_backend = False  # the backend, chosen by the sampler for the device (KernelTree.use_fixed_backend)
-        if leaf_size is not None and int(leaf_size) < 1:
-            raise ValueError(f"sampler.leaf_size must be a positive class count or null, got {leaf_size}")
-        if not eps > 0:
-            raise ValueError(f"sampler.eps must be positive (the clamp on node scores), got {eps}")
-        if int(refresh) < 0:
-            raise ValueError(f"sampler.refresh must be >= 0 (0: recompute changed buckets), got {refresh}")
-        self.refresh = int(refresh)
+        self.refresh = int(options.refresh)
         object.__setattr__(self, "features", features)  # borrowed: a plain assignment would register it here too
-        self.cache = FeatureCache(feature_cache)
-        self.leaf_size = None if leaf_size is None else int(leaf_size)
-        self.eps, self.chunk_elements = float(eps), chunk_elements
+        self.cache = FeatureCache(options.feature_cache)
+        self.leaf_size = None if options.leaf_size is None else int(options.leaf_size)
+        self.eps, self.chunk_elements = float(options.eps), chunk_elements
         self.num_classes = self.depth = self.bucket_size = 0
         self.weight: Tensor | None = None  # the latest weights given to rebuild/update (not a buffer)
         self.register_buffer("nodes", torch.empty(0), persistent=False)  # (2B - 1, F)
@@ -80,7 +66,7 @@ class TreeStore(nn.Module):
         self.register_buffer("previous", torch.empty(0), persistent=False)  # (n, d) the rows the leaves hold
         self.register_buffer("deltas", torch.empty(0), persistent=False)  # (B,) delta updates since a recompute
         self.slots = torch.arange(0)  # (L,) 0..L-1, the slots of a bucket (made once per bucket size and device)
-        self.fixed_update = FixedUpdate(self, tree_update)  # the GPU paths' update (not a module: no tensors)
+        self.fixed_update = FixedUpdate(self, options.tree_update)  # the GPU paths' update (not a module: no tensors)
 
     @property
     def num_buckets(self) -> int:

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
 from lmtrain.sampler.kernel.buckets import BucketScorer, BucketScores
 from lmtrain.sampler.kernel.features import FeatureMap
-from lmtrain.sampler.kernel.fixed_walk import SCORED_LEVELS
 from lmtrain.sampler.kernel.gpu_draws import FixedDraws, FixedStep
 from lmtrain.sampler.kernel.store import TreeStore
 from lmtrain.sampler.kernel.walk import TreeWalk
+from lmtrain.sampler.options import KernelOptions
 
 # the cost of a node read by a per-id path gather (scattered rows, a small product each) in units of one read by a
 # level's GEMM (one streamed product), and of a walk's work in units of a dense draw's: both measured constants of
@@ -48,25 +50,16 @@ class KernelTree(nn.Module):
     """
 
     def __init__(
-        self,
-        features: FeatureMap,
-        leaf_size: int | None = None,
-        eps: float = 1e-6,
-        dense_factor: float = 64,
-        chunk_elements: int = 1 << 22,
-        refresh: int = 64,
-        feature_cache: str | bool | None = "auto",
-        scored_levels: int = SCORED_LEVELS,
-        tree_update: str = "auto",
+        self, features: FeatureMap, dense_factor: float = 64, chunk_elements: int = 1 << 22, **options: Any
     ) -> None:
         super().__init__()
         self.fixed_backend = False  # the backend, chosen by the sampler for the device (KernelTree.use_fixed_backend)
+        opts = KernelOptions(**options)  # leaf_size, eps, refresh, ...: the keys left out take their defaults
         self.features = features  # registered here only: its state-dict keys stay `...tree.features.*`
-        # the node sums and their update (no persistent state)
-        self.store = TreeStore(features, leaf_size, eps, chunk_elements, refresh, feature_cache, tree_update)
+        self.store = TreeStore(features, opts, chunk_elements)  # the node sums and their update (no persistent state)
         self.walk = TreeWalk(self.store, dense_factor)  # not a module (nor the scorer): they hold no tensors
         self.scorer = BucketScorer(features, self.store, self.walk)
-        self.fixed = FixedDraws(self.store, self.scorer, scored_levels)
+        self.fixed = FixedDraws(self.store, self.scorer, opts.scored_levels)
 
     def fixed_step(self, query: Tensor | None = None, phi: Tensor | None = None) -> FixedStep | None:
         """On the GPU paths, what a step's draws and log q share (``FixedStep``): for the queries (N, d) their

@@ -29,8 +29,6 @@ class UnigramShare(nn.Module):
 
     def __init__(self, share: float, num_classes: int | None, counts: Tensor | None) -> None:
         super().__init__()
-        if not 0.0 <= share < 1.0:
-            raise ValueError(f"sampler.unigram_share must be in [0, 1) (the unigram's share of draws), got {share}")
         if counts is None:
             raise ValueError("sampler.unigram_share > 0 needs the training-split counts of the classes")
         self.nominal = float(share)

@@ -1,0 +1,57 @@
+"""The top level of the config: the run's own keys with their defaults (read by ``lmtrain.training.run``), and a
+slot per group; the schema ``schema/train`` that conf/train.yaml extends (``lmtrain/config/``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import II
+
+from lmtrain.common.ranges import AT_LEAST_1, Choice
+
+
+class LossReduction(Choice):
+    """The loss the optimizer sees (docs/workflow.md): the per-token mean, or the mean summed over the T steps of a
+    window (the classic PTB recipes, whose SGD learning rates assume it)."""
+
+    mean = "mean"
+    sum = "sum"
+
+
+@dataclass
+class RunConfig:
+    """The top level of conf/train.yaml: the parts (data, model, ...) and the run's own keys, with their defaults
+    (conf/train.yaml holds only the defaults list and Hydra's own settings)."""
+
+    seed: int = 1234
+    ckpt_path: str | None = None  # null | last | auto (last.ckpt here if any) | a path to a .ckpt
+    group: str | int | float | None = None  # W&B group; default in sweeps: the sweep folder
+    name: str | int | float | None = None  # run name in W&B and plots; default: the job's overrides, else the output
+    run_dir: str = II("hydra:runtime.output_dir")  # where checkpoints, metrics.csv, config.yaml and wandb/ go
+    # a periodic last.ckpt (atomic), so a kill loses at most this many steps, and at least this often while training
+    checkpoint_every_n_steps: int = field(default=500, metadata=AT_LEAST_1)
+    checkpoint_every_minutes: float = field(default=5.0, metadata={"above": 0})
+    # the classic PTB recipes apply SGD to the loss summed over the T steps (mean over the batch): sum scales the
+    # per-token mean loss by T; mean keeps the per-token mean (docs/workflow.md: the loss the optimizer sees)
+    loss_reduction: LossReduction = LossReduction.sum
+    test_after_fit: bool = True
+    # end training after this much training time (validation left out), then validate and test: strategies
+    # compared at equal time; each validation logs train/seconds
+    max_train_seconds: float | None = field(default=None, metadata={"above": 0})
+    callbacks: dict[str, Any] = field(default_factory=dict)  # extra Lightning callbacks: +callbacks.NAME._target_=X
+    progress_bar: bool = True
+    # torch compute threads: auto = usable cores / jobs running at once (joblib n_jobs, LMTRAIN_CONCURRENT_JOBS,
+    # DDP ranks); or a number
+    threads: int | str = field(default="auto", metadata=AT_LEAST_1)
+    # glibc keeps freed blocks <= 32 MiB for reuse: no page faults per step (lmtrain/training/memory.py)
+    reuse_freed_memory: bool = True
+    # deprecated, ignored with a one-line note: the device decides (a kernel tree's backend: sampler.backend)
+    execution: str | None = None
+    data: Any = None
+    model: Any = None
+    sampler: Any = None
+    output: Any = None
+    optim: Any = None
+    trainer: Any = None
+    logger: Any = None
