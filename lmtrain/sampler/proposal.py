@@ -36,6 +36,7 @@ class Proposal:
     shared: bool = False
     positions: int = 0
     per_position: bool = False  # True where q differs between positions (then ``log_q`` takes (N, k) ids)
+    fixes_num_samples: bool = False  # True where the proposal draws its own m whatever is asked (in-batch negatives)
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
