@@ -116,9 +116,8 @@ def logits_budget_mib(logits_mib: float, gpu_fraction: float, device: torch.devi
     ``gpu_fraction`` 0), else that fraction of the GPU's memory. No host sync; the memory is read once per device.
 
     Why two budgets: on a CPU, chunks that stay cache-sized keep a 10^6-class step within a few GiB at no cost in
-    speed; on a GPU one dense product beats a loop over chunks (on an H200 at 10^6 classes and batch 20 x 35 the
-    dense step ran 7x chunks of 4,096 classes, docs/bench/gpu_h200.md), and the dense step's peak, about three
-    times its logits, stays well inside the device at a sixteenth."""
+    speed; on a GPU one dense product beats a loop over chunks (the side-by-side figure: docs/bench/gpu_h200.md),
+    and the dense step's peak, about three times its logits, stays well inside the device at a sixteenth."""
     if device.type != "cuda" or not gpu_fraction:
         return logits_mib
     return gpu_fraction * _cuda_memory_mib(device.index if device.index is not None else torch.cuda.current_device())

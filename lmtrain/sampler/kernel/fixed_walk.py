@@ -49,7 +49,7 @@ STAGE_LEVELS = 3
 # with a level costs less than gathering its walkers' rows, at a GPU's 256 multiply-adds per gathered value (a gather
 # is bound by memory: about 3 ps a value; a TF32 multiply-add about 0.005 ps), up to a level of 37,864 nodes; 2^15 is
 # the largest level below that. A tree of up to 2^15 buckets (10^5 RFF classes, 10^6 quadratic ones) is scored whole.
-# Timed on an H200 at 10^6 rff classes: scoring all 17 levels ran 0.86x this default (docs/gpu.md)
+# More levels were timed against this default on a GPU: docs/bench/gpu_h200_scored_levels.md
 SCORED_LEVELS = KernelOptions.scored_levels
 # the log-probability of a branch of probability 0 (an empty node's): finite, so that no product meets -inf (one that
 # multiplied its zeros too would make NaN of it); its exp, and that of a path's sum of them, is 0, as -inf's
