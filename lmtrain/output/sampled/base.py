@@ -29,13 +29,11 @@ class Drawn(NamedTuple):
 
 
 class Negatives(NamedTuple):
-    """One step's negatives, scored: the query vectors (N, d'), the proposal they came from, the drawn ids (m,)
-    shared or (N, m) per position with their log q, the targets' log q (N, 1), the number of draws it took for
-    distinct negatives (else None), and the scores of the targets (N, 1) and of the negatives (N, m), views of one
-    (N, 1 + m) tensor ``joint`` where one product gave both (per position), else None."""
+    """One step's negatives, scored: the drawn ids (m,) shared or (N, m) per position with their log q, the targets'
+    log q (N, 1), the number of draws it took for distinct negatives (else None), and the scores of the targets
+    (N, 1) and of the negatives (N, m), views of one (N, 1 + m) tensor ``joint`` where one product gave both (per
+    position), else None."""
 
-    query: Tensor
-    proposal: Proposal
     ids: Tensor
     log_q: Tensor
     target_log_q: Tensor | None  # None where the loss reads no log q (``corrects_with_log_q``)
@@ -174,7 +172,7 @@ class SampledOutput(OutputLayer):
         proposal = self.propose(query, inputs, target if self.corrects_with_log_q else None)
         d = self.draw(proposal)
         scores = self.joint_scores(query, target, d.ids, d.joint_ids)
-        return Negatives(query, proposal, d.ids, d.log_q, d.target_log_q, d.tries, *scores)
+        return Negatives(d.ids, d.log_q, d.target_log_q, d.tries, *scores)
 
     def joint_scores(
         self, query: Tensor, target: Tensor, ids: Tensor, joint_ids: Tensor | None = None
