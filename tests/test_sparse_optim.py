@@ -13,6 +13,7 @@ from torch import nn
 
 from lmtrain.config import ConfigError, compose_config
 from lmtrain.output import NCE, SampledSoftmax
+from lmtrain.output.rows import gather_rows, row_scores
 from lmtrain.sampler import UniformSampler, UnigramSampler
 from lmtrain.training.optim import MixedOptimizer, build_optimizer, clip_grad_norm
 
@@ -74,6 +75,23 @@ def test_sparse_and_dense_paths_give_the_same_parameters(name, output_cls):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=key)
     changed = (sparse.output.weight != initial).any(1)
     assert 0 < changed.sum() < N_CLASSES  # some rows were trained, untouched rows are bit-for-bit the same
+
+
+def test_row_scores_match_a_written_out_dot_product_in_value_and_gradient():
+    """row_scores writes its own backward: a wrong outer product or a transposed query gradient fails here."""
+    torch.manual_seed(0)
+    query = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+    rows = torch.randn(5, 4, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(row_scores, (query, rows))
+    weight = torch.randn(10, 3, requires_grad=True)
+    ids = torch.tensor([[1, 1, 7], [2, 9, 1]])  # a repeated row: its sparse entries add up
+    h = torch.randn(2, 3, requires_grad=True)
+    (row_scores(h, gather_rows(weight, ids)) * torch.arange(6.0).view(2, 3)).sum().backward()
+    sparse_grad, h_grad = weight.grad.to_dense(), h.grad
+    weight.grad, h.grad = None, None
+    (torch.einsum("nd,nkd->nk", h, weight[ids]) * torch.arange(6.0).view(2, 3)).sum().backward()
+    torch.testing.assert_close(sparse_grad, weight.grad)
+    torch.testing.assert_close(h_grad, h.grad)
 
 
 def test_clip_grad_norm_handles_sparse_gradients_with_duplicate_rows():

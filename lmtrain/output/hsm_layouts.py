@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from lmtrain.output import trees
 from lmtrain.output.base import PAIRS_PER_CHUNK
-from lmtrain.output.rows import gather_rows
+from lmtrain.output.rows import gather_rows, row_scores
 from lmtrain.output.trees import ClassBins, TreePaths
 
 
@@ -46,8 +46,7 @@ class PathLayout(nn.Module):
         """(N, L) log sigmoid(+-score) of every decision on the targets' paths, 0 past a path's end."""
         nodes = self.nodes[target].long()  # (N, L)
         rows = gather_rows(weight, nodes, sparse)  # (N, L, d + 1)
-        # node scores h . v_u + c_u, rows on the left: their gradient comes out contiguous (no copy for the sparse one)
-        scores = torch.bmm(rows, query.unsqueeze(2)).view(nodes.shape)  # (N, L)
+        scores = row_scores(query, rows)  # (N, L) node scores h . v_u + c_u
         signed = self.signs[target] * scores  # (N, L), +-1 in int8 times the scores: exact, no cast
         return F.logsigmoid(signed) * self.mask[target]
 
@@ -89,7 +88,7 @@ class BinLayout(nn.Module):
         log_p_bin = bin_scores.gather(1, target_bin.unsqueeze(1))[:, 0] - torch.logsumexp(bin_scores, 1)
         # fixed shapes: every position gathers its bin (N * S rows), no unique (a host sync)
         rows = gather_rows(weight, self.members[target_bin], sparse)  # (N, S, d + 1)
-        scores = torch.einsum("nd,nsd->ns", query, rows)  # (N, S) scores of the classes in the target's bin
+        scores = row_scores(query, rows)  # (N, S) scores of the classes in the target's bin
         scores = scores.masked_fill(~self.member_mask[target_bin], float("-inf"))
         in_bin = scores.gather(1, self.offset[target].unsqueeze(1))[:, 0] - torch.logsumexp(scores, 1)  # (N,)
         return log_p_bin + in_bin

@@ -28,3 +28,27 @@ def gather_rows(param: Tensor, ids: Tensor, sparse: bool = True) -> Tensor:
     if sparse and param.requires_grad and torch.is_grad_enabled():
         return _GatherRows.apply(param, ids)
     return param[ids]
+
+
+class _RowScores(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, query: Tensor, rows: Tensor) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(query, rows)
+        return torch.bmm(query.unsqueeze(1), rows.transpose(1, 2)).squeeze(1)  # (N, 1, d) @ (N, d, k) -> (N, k)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+        query, rows = ctx.saved_tensors
+        grad = grad.to(rows.dtype)  # autocast ran the product in a lower precision: its gradient is widened back
+        grad_rows = grad.unsqueeze(2) * query.unsqueeze(1).to(rows.dtype)  # (N, k, d) outer products, contiguous
+        grad_query = torch.bmm(grad.unsqueeze(1), rows).squeeze(1)  # (N, 1, k) @ (N, k, d) -> (N, d)
+        return grad_query.to(query.dtype), grad_rows
+
+
+def row_scores(query: Tensor, rows: Tensor) -> Tensor:
+    """scores[i, j] = query[i] . rows[i, j] for query (N, d) and per-position rows (N, k, d) -> (N, k).
+
+    The query sits on the left of the batched product (a CPU's BLAS runs that shape much faster than the rows on the
+    left; a GPU runs either), and the rows' gradient is written as contiguous outer products, so a sparse row
+    gradient takes it without a copy: three operators on every device, as a plain ``bmm`` takes."""
+    return _RowScores.apply(query, rows)

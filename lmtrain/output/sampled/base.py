@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from lmtrain.common.constants import with_ones_column
 from lmtrain.output.base import OutputLayer, changed_rows, initial_bias
 from lmtrain.output.logsumexp import chunked_logsumexp
-from lmtrain.output.rows import gather_rows
+from lmtrain.output.rows import gather_rows, row_scores
 from lmtrain.output.sampled.options import BiasOptions, SampledOptions
 from lmtrain.sampler.base import Sampler
 from lmtrain.sampler.proposal import Proposal
@@ -129,11 +129,11 @@ class SampledOutput(OutputLayer):
     def score(self, query: Tensor, rows: Tensor) -> Tensor:
         """query (N, d'), rows (k, d') shared or (N, k, d') per example -> logits (N, k).
 
-        The rows are multiplied on the left, so their gradient comes out of the product contiguous and the sparse
-        gradient takes it without a copy."""
+        Shared rows are multiplied on the left, so their gradient comes out of the product contiguous and the sparse
+        gradient takes it without a copy; per-example rows go through ``row_scores``, which keeps that."""
         if rows.dim() == 2:
             return torch.mm(rows, query.T).T  # (N, k), transposed in memory
-        return torch.bmm(rows, query.unsqueeze(2)).view(rows.shape[:2])  # (N, k)
+        return row_scores(query, rows)  # (N, k)
 
     def query_scores(self, query: Tensor, ids: Tensor) -> Tensor:
         """Logits of the given ids, (m,) shared or (N, m) per example -> (N, m), for query vectors (N, d') built
