@@ -83,6 +83,7 @@ def test_row_scores_match_a_written_out_dot_product_in_value_and_gradient():
     query = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
     rows = torch.randn(5, 4, 3, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(row_scores, (query, rows))
+    assert torch.autograd.gradcheck(row_scores, (query, rows[:, :1]))  # one row per position: its own backward
     weight = torch.randn(10, 3, requires_grad=True)
     ids = torch.tensor([[1, 1, 7], [2, 9, 1]])  # a repeated row: its sparse entries add up
     h = torch.randn(2, 3, requires_grad=True)

@@ -41,7 +41,9 @@ class _RowScores(torch.autograd.Function):
         query, rows = ctx.saved_tensors
         grad = grad.to(rows.dtype)  # autocast ran the product in a lower precision: its gradient is widened back
         grad_rows = grad.unsqueeze(2) * query.unsqueeze(1).to(rows.dtype)  # (N, k, d) outer products, contiguous
-        grad_query = torch.bmm(grad.unsqueeze(1), rows).squeeze(1)  # (N, 1, k) @ (N, k, d) -> (N, d)
+        # (N, 1, k) @ (N, k, d) -> (N, d); one row per position (the targets): a scaled row, not N 1 x 1 products
+        one_row = rows.shape[1] == 1
+        grad_query = grad * rows[:, 0] if one_row else torch.bmm(grad.unsqueeze(1), rows).squeeze(1)
         return grad_query.to(query.dtype), grad_rows
 
 
