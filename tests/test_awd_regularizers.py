@@ -223,7 +223,6 @@ def test_a_short_cli_run_with_every_regularizer_on(tmp_path):
     assert len(rows) == 12 and all(float(r["train/ar"]) > 0 and float(r["train/tar"]) > 0 for r in rows)
 
 
-@pytest.mark.slow  # two short runs in process
 def test_resume_with_every_regularizer_on_is_bit_equal_to_the_uninterrupted_run(tmp_path, monkeypatch):
     """The masks of every dropout and of weight drop come from the RNG a checkpoint restores."""
     from lmtrain.training.run import train

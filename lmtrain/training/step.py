@@ -54,9 +54,11 @@ class LossReading:
         if self._value is None:
             if self._event is not None:
                 self._event.synchronize()
-            read = self._tensor.tolist()
-            self._value = read[0] if self._names else read
-            self._extra = dict(zip(self._names, read[1:] if self._names else [], strict=True))
+            if self._names:  # on a GPU a host copy by now, read without a further wait
+                first, *rest = self._tensor.tolist()
+                self._value, self._extra = first, dict(zip(self._names, rest, strict=True))
+            else:
+                self._value = self._tensor.item()
         return self._value
 
     def extra(self) -> dict[str, float]:
