@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 from torch import Tensor, nn
@@ -10,8 +11,13 @@ from torch import Tensor, nn
 from lmtrain.common.part import Part
 from lmtrain.common.precision import lstm_region
 from lmtrain.common.ranges import AT_LEAST_1, Checked
+from lmtrain.model.activation_reg import activation_penalties
+from lmtrain.model.dropout import WordDropout, activation_dropout
+from lmtrain.model.stack import LayerStack
+from lmtrain.model.weight_drop import run_lstm
 
 State = tuple[Tensor, Tensor]  # (h, c), each (num_layers, B, hidden_dim)
+RATE = MappingProxyType({"at_least": 0, "below": 1})  # a dropout probability
 
 
 @dataclass
@@ -23,19 +29,40 @@ class LSTMOptions(Checked):
     hidden_dim: int = field(default=200, metadata=AT_LEAST_1)
     num_layers: int = field(default=2, metadata=AT_LEAST_1)
     # on the embedding output, between layers and on the top output
-    dropout: float = field(default=0.0, metadata={"at_least": 0, "below": 1})
+    dropout: float = field(default=0.0, metadata=RATE)
     init_range: float = field(default=0.1, metadata={"above": 0})  # uniform(-init_range, init_range), every weight
     # sparse row gradients for the input embedding: a step touches only the rows of its tokens (what makes n = 10^6
     # affordable). auto: on when the optimizer updates sparse rows exactly as it would dense ones (sgd or adagrad
     # without momentum or weight decay), off otherwise (adam would switch the embedding to SparseAdam)
     sparse_embedding: bool | str = field(default="auto", metadata={"choices": (True, False, "auto")})
+    # AWD-LSTM's regularizers (Merity et al. 2017), all off by default. locked_dropout: the three dropouts below
+    # draw one mask per sequence, shared by its time steps (variational dropout), not one per entry
+    locked_dropout: bool = False
+    # the rates on the embedding output, between layers and on the top output; unset (None): `dropout`
+    dropout_input: float | None = field(default=None, metadata=RATE)
+    dropout_between: float | None = field(default=None, metadata=RATE)
+    dropout_output: float | None = field(default=None, metadata=RATE)
+    word_dropout: float = field(default=0.0, metadata=RATE)  # whole words (embedding rows), one mask per forward
+    weight_drop: float = field(default=0.0, metadata=RATE)  # DropConnect on weight_hh_l*, one mask per forward
+    # added to the training objective only: AR alpha * mean(dropped top output^2), TAR beta * mean((h_t - h_t-1)^2)
+    activation_reg: float = field(default=0.0, metadata={"at_least": 0})
+    temporal_activation_reg: float = field(default=0.0, metadata={"at_least": 0})
+
+    def rate(self, specific: float | None) -> float:
+        """A dropout site's rate: its own key if set, else ``dropout``."""
+        return self.dropout if specific is None else specific
 
 
 class LSTMEncoder(nn.Module, Part):
     """Embedding, multi-layer LSTM and dropout; the output strategy owns the vocabulary projection.
 
-    Dropout (Zaremba et al. 2014) is applied to the embeddings, between layers and to the top output.
-    Every weight is initialised uniformly in [-init_range, init_range].
+    Dropout (Zaremba et al. 2014) is applied to the embeddings, between layers and to the top output, each site at
+    ``dropout`` unless its own key sets it. AWD-LSTM's regularizers (Merity et al. 2017) are options, off by
+    default: locked dropout (``lmtrain.model.dropout``; between layers it runs the layers one by one,
+    ``lmtrain.model.stack``), word dropout, weight drop (``lmtrain.model.weight_drop``) and AR / TAR, whose terms
+    a training forward leaves in ``penalties`` for the objective (``lmtrain.model.activation_reg``). With them off
+    the encoder is the plain embedding, ``nn.LSTM`` and dropout. Every weight is initialised uniformly in
+    [-init_range, init_range].
 
     ``sparse_embedding=True`` gives the input embedding sparse row gradients: a step then reads and writes only the
     rows of the window's tokens instead of all n x emb_dim entries (at n = 10^6 the dense gradient's zeroing,
@@ -52,11 +79,18 @@ class LSTMEncoder(nn.Module, Part):
         self.options = opts = self.Options(**options)  # the keys left out take their defaults
         self.hidden_dim, self.num_layers = opts.hidden_dim, opts.num_layers
         self.embedding = nn.Embedding(num_classes, opts.emb_dim, sparse=opts.sparse_embedding is True)
-        dropout = opts.dropout if opts.num_layers > 1 else 0.0
-        self.lstm = nn.LSTM(opts.emb_dim, opts.hidden_dim, opts.num_layers, dropout=dropout, batch_first=True)
-        self.drop = nn.Dropout(opts.dropout)
+        self.word_drop = WordDropout(opts.word_dropout)
+        between = opts.rate(opts.dropout_between) if opts.num_layers > 1 else 0.0
+        if opts.locked_dropout and between > 0:  # a mask per sequence between layers: the layers run one by one
+            self.lstm: nn.Module = LayerStack(opts.emb_dim, opts.hidden_dim, opts.num_layers, between, opts.weight_drop)
+        else:
+            self.lstm = nn.LSTM(opts.emb_dim, opts.hidden_dim, opts.num_layers, dropout=between, batch_first=True)
+        self.drop_input = activation_dropout(opts.rate(opts.dropout_input), opts.locked_dropout)
+        self.drop_output = activation_dropout(opts.rate(opts.dropout_output), opts.locked_dropout)
         for p in self.parameters():
             nn.init.uniform_(p, -opts.init_range, opts.init_range)
+        # the AR / TAR terms of the last training forward, for the training objective (lmtrain.training.step)
+        self.penalties: dict[str, Tensor] = {}
 
     @property
     def output_dim(self) -> int:
@@ -68,7 +102,14 @@ class LSTMEncoder(nn.Module, Part):
 
     def forward(self, tokens: Tensor, state: State | None = None) -> tuple[Tensor, State]:
         """tokens (B, T) -> hidden (B, T, hidden_dim), new state."""
-        emb = self.drop(self.embedding(tokens))  # (B, T, emb_dim)
+        opts = self.options
+        emb = self.drop_input(self.word_drop(self.embedding, tokens))  # (B, T, emb_dim)
         with lstm_region(emb.device):
-            out, state = self.lstm(emb, state)  # (B, T, hidden_dim)
-        return self.drop(out), state
+            if isinstance(self.lstm, nn.LSTM):
+                raw, state = run_lstm(self.lstm, emb, state, opts.weight_drop)  # (B, T, hidden_dim)
+            else:
+                raw, state = self.lstm(emb, state)
+        out = self.drop_output(raw)
+        ar, tar = opts.activation_reg, opts.temporal_activation_reg
+        self.penalties = activation_penalties(raw, out, ar, tar) if self.training else {}
+        return out, state

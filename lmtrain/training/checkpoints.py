@@ -7,6 +7,7 @@ wrote, hold nothing else, so no extra types are allowed.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import re
@@ -15,6 +16,7 @@ from typing import Any
 
 import torch
 import yaml
+from hydra.utils import get_class
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 
@@ -106,7 +108,21 @@ def same(key: str, saved: Any, now: Any) -> bool:
     ``lmtrain.output.FullSoftmax``)."""
     if key == "output" and isinstance(saved, str) and isinstance(now, str):
         return saved.rsplit(".", 1)[-1] == now.rsplit(".", 1)[-1]
+    if key == "model" and isinstance(saved, dict) and isinstance(now, dict) and set(saved) < set(now):
+        # keys added to the model after the checkpoint was written match at their defaults (its model had none)
+        defaults, absent = option_defaults(now.get("_target_")), object()
+        return all(saved.get(k, defaults.get(k, absent)) == v for k, v in now.items())
     return saved == now
+
+
+def option_defaults(target: Any) -> dict[str, Any]:
+    """The defaults of the options dataclass of the part class named ``target`` (empty if there is none)."""
+    try:
+        options = getattr(get_class(str(target)), "Options", None)
+    except (ImportError, ValueError, AttributeError):
+        return {}
+    fields = dataclasses.fields(options) if dataclasses.is_dataclass(options) else ()
+    return {f.name: f.default for f in fields if f.default is not dataclasses.MISSING}
 
 
 def find_last(run_dir: Path, search_root: Path, overrides: list[str]) -> Path:

@@ -31,7 +31,9 @@ class MeteredModule(L.LightningModule):
         # (perf_counter counts from an arbitrary point, on Linux the boot: 0.0 would wait out its first hour)
         self._saved_at = -math.inf
 
-    def _record_step(self, loss: Tensor, value: float, tokens: int, loss_is_nll: bool) -> None:
+    def _record_step(
+        self, loss: Tensor, value: float, tokens: int, loss_is_nll: bool, extra: dict[str, float] | None = None
+    ) -> None:
         """Write one training step's metrics: train/loss at every step, and perplexity (when the loss is the exact
         NLL), learning rate and throughput every ``log_every_n_steps`` steps (Lightning's steps for on_step metrics).
 
@@ -41,7 +43,9 @@ class MeteredModule(L.LightningModule):
         loggers in one row labelled as Lightning labels a step (its 0-based index, which is the global step before
         the optimizer step, and the epoch), and put in ``trainer.callback_metrics`` and the progress bar's metrics
         as host values: ``self.log`` costs about a millisecond of host time per call, and Lightning reads every
-        logged progress-bar tensor back from the device after each batch, more than a small model's step takes."""
+        logged progress-bar tensor back from the device after each batch, more than a small model's step takes.
+        ``extra``: further values of the step read with the loss (the encoder's AR / TAR terms), written as
+        ``train/NAME`` beside train/loss."""
         self._loss_sum, self._loss_steps = self._loss_sum + value, self._loss_steps + 1
         epoch, step = self.current_epoch, self.global_step
         self._trained = (epoch, step)
@@ -49,6 +53,7 @@ class MeteredModule(L.LightningModule):
         self._run_tokens += tokens
         trainer = self.trainer
         metrics = {"train/loss": host_scalar(value, loss.dtype)}
+        metrics.update({f"train/{name}": host_scalar(read) for name, read in (extra or {}).items()})
         interval = trainer.log_every_n_steps
         if (interval and (step + 1) % interval == 0) or trainer.fast_dev_run:
             metrics.update(self._interval_metrics(value, loss.dtype, loss_is_nll))

@@ -61,7 +61,9 @@ class LanguageModel(MeteredModule):
         and the optimizer step (``step.LossReading``); then the step's metrics."""
         window, self._window = self._window, None
         if window is not None:
-            self._record_step(window.loss, window.value, window.hidden.shape[0], self.output.loss_is_nll)
+            value = window.value
+            extra = window.reading.extra()  # the encoder's penalties (AR / TAR), read with the loss
+            self._record_step(window.loss, value, window.hidden.shape[0], self.output.loss_is_nll, extra)
 
     def on_train_epoch_start(self) -> None:
         if self._resumed is not None and self._resumed.mid_epoch:  # Lightning may or may not call this hook then

@@ -33,32 +33,46 @@ class LossReading:
     for the forward pass only, long done by then: reading it at once would leave the device idle while the host
     queues the backward pass (10% of a plain loop's speed at n = 10^5 on an H200). Elsewhere it is read when asked."""
 
-    def __init__(self, loss: Tensor) -> None:
+    def __init__(self, loss: Tensor, extra: dict[str, Tensor] | None = None) -> None:
+        self._names = list(extra or {})  # values read in the same copy, e.g. the AR / TAR terms
         loss = loss.detach()
+        if self._names:  # one vector: still one copy and one wait
+            loss = torch.stack([loss.float(), *(v.detach().float() for v in (extra or {}).values())])
         self._event: torch.cuda.Event | None = None
         if loss.is_cuda:
-            host = torch.empty((), dtype=loss.dtype, pin_memory=True)
+            host = torch.empty(loss.shape, dtype=loss.dtype, pin_memory=True)
             host.copy_(loss, non_blocking=True)
             self._event = torch.cuda.Event()
             self._event.record(torch.cuda.current_stream(loss.device))
             loss = host
         self._tensor = loss
         self._value: float | None = None
+        self._extra: dict[str, float] = {}
 
     def value(self) -> float:
         """The loss as a Python float: the step's one host sync (on a GPU, a wait for the copy's event)."""
         if self._value is None:
             if self._event is not None:
                 self._event.synchronize()
-            self._value = self._tensor.item()
+            if self._names:  # on a GPU a host copy by now, read without a further wait
+                first, *rest = self._tensor.tolist()
+                self._value, self._extra = first, dict(zip(self._names, rest, strict=True))
+            else:
+                self._value = self._tensor.item()
         return self._value
+
+    def extra(self) -> dict[str, float]:
+        """The other values read with the loss, by name (read with it: no further sync)."""
+        self.value()
+        return self._extra
 
 
 @dataclass
 class Window:
     """One training window's forward pass: the mean loss per position (``train/loss``) on its way to the host
-    (``reading``), the objective the optimizer sees (``loss_reduction``), the hidden states (N, d) and the detached
-    state to carry on; ``where`` names the step in the error of a non-finite loss."""
+    (``reading``, with the encoder's penalties), the objective the optimizer sees (the loss plus the penalties,
+    reduced by ``loss_reduction``), the hidden states (N, d) and the detached state to carry on; ``where`` names the
+    step in the error of a non-finite loss."""
 
     loss: Tensor
     objective: Tensor
@@ -73,8 +87,10 @@ class Window:
         NonFiniteLossError for a NaN or infinite loss. Read it after queuing the backward pass (``train_step``,
         ``LanguageModel.on_after_backward``) and before the optimizer step."""
         value = self.reading.value()
-        if not math.isfinite(value):
-            raise NonFiniteLossError(f"training loss became {value}{self.where}; lower optim.lr or check the data")
+        for name, read in {"loss": value, **self.reading.extra()}.items():
+            if not math.isfinite(read):
+                what = "loss" if name == "loss" else f"{name} term"
+                raise NonFiniteLossError(f"training {what} became {read}{self.where}; lower optim.lr or check the data")
         return value
 
 
@@ -91,13 +107,16 @@ def window_loss(
     encoder: nn.Module, output: OutputLayer, batch: Batch, state: State | None, loss_reduction: str, where: str = ""
 ) -> Window:
     """The training loss of one window; ``sum`` multiplies the per-token mean by T (the classic PTB recipes).
-    The loss starts on its way to the host (``Window.reading``); ``Window.value`` reads and checks it, naming
-    ``where`` if it is NaN or infinite."""
+    The encoder's penalties of this forward (``encoder.penalties``: AR / TAR, when set) join the objective, not
+    the loss. The loss starts on its way to the host (``Window.reading``); ``Window.value`` reads and checks it,
+    naming ``where`` if it is NaN or infinite."""
     inputs, targets = batch
     hidden, state = carry(encoder, inputs, state)
     loss = output.loss(hidden, targets.reshape(-1), inputs=inputs.reshape(-1))
-    objective = loss * inputs.shape[1] if loss_reduction == "sum" else loss
-    return Window(loss, objective, hidden, state, LossReading(loss), where)
+    penalties: dict[str, Tensor] = getattr(encoder, "penalties", {})
+    regularized = loss + sum(penalties.values()) if penalties else loss
+    objective = regularized * inputs.shape[1] if loss_reduction == "sum" else regularized
+    return Window(loss, objective, hidden, state, LossReading(loss, penalties), where)
 
 
 def clip_gradients(params: Iterable[Tensor], clip: float | None) -> None:
