@@ -96,6 +96,18 @@ def add_results(run_dir: Path, metrics: dict[str, float], wall_time_s: float) ->
     path.write_text(json.dumps(info, indent=2, default=str))
 
 
+def load_initial_weights(path: Path, module: Any) -> None:
+    """``init_from``: ``module`` takes the weights of the checkpoint at ``path`` (its ``state_dict``: the averaged
+    weights of a run that averaged), which must fit this model; nothing else of that run is taken."""
+    try:
+        saved = read_checkpoint(path)
+        check_compatible(saved, module.signature, path)
+    except CheckpointError as exc:
+        raise CheckpointError(str(exc).replace("ckpt_path", "init_from", 1)) from None
+    module.load_state_dict(saved["state_dict"])
+    log.info("starting from the weights of %s", path)
+
+
 def prepare_resume(ckpt: Path, signature: dict[str, Any], run_dir: Path) -> str | None:
     """Check that ``ckpt`` fits this model (``signature``), carry its run's metrics.csv over into ``run_dir`` (a
     copy: the old file is never touched), and return its W&B run id."""
