@@ -30,7 +30,7 @@ class BatchOptions(Checked):
     bptt_half_prob: float = field(default=0.05, metadata={"at_least": 0, "at_most": 1})
     bptt_std: float = field(default=5.0, metadata={"at_least": 0})
     bptt_min: int = field(default=5, metadata=AT_LEAST_1)
-    bptt_seed: int = field(default=0, metadata={"follows": "seed"})  # a config's: the run's seed
+    bptt_seed: int = 0  # seeds the draws of the lengths (with the epoch); other seeds, other windows
 
 
 @dataclass
