@@ -228,6 +228,8 @@ def test_finetune_starts_from_the_given_weights_and_averages_from_step_one(tiny_
     with pytest.raises(CheckpointError, match="^init_from .* does not exist"):
         train(tiny_config(*SHORT, f"init_from={tmp_path / 'nowhere.ckpt'}", run_dir=tmp_path / "bad"))
     assert not (tmp_path / "bad").exists()  # nothing written
+    with pytest.raises(CheckpointError, match="^init_from .* do not fit this model"):
+        train(tiny_config(*SHORT, f"init_from={first / 'checkpoints' / 'last.ckpt'}", "model.hidden_dim=16"))
 
 
 @pytest.mark.parametrize("stage", ["nonmono", "finetune"])

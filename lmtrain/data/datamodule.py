@@ -129,7 +129,7 @@ class LMDataModule(L.LightningDataModule, Part):
 
     def train_dataloader(self) -> DataLoader:
         self.setup()
-        if self.trainer is not None:  # without one, the epoch last laid out (set_train_epoch)
+        if self.trainer is not None and self.batch.variable_bptt:  # else: the epoch last laid out (set_train_epoch)
             self.set_train_epoch(self.trainer.current_epoch)
         return self._loader(
             self.train_ids, self.batch_size, "train", "batch_size", self.train_sampler, self.train_lengths
