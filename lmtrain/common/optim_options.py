@@ -37,6 +37,16 @@ class SparseOptimizer(Choice):
     adagrad = "adagrad"
 
 
+class AverageWhen(Choice):
+    """When the evaluated weights become the average of the weights since (``lmtrain.training.averaging``): none;
+    nonmono (NT-ASGD): once ``nonmono`` validations in a row have not beaten the best val loss; always: from the
+    first step (the finetune stage)."""
+
+    none = "none"
+    nonmono = "nonmono"
+    always = "always"
+
+
 @dataclass
 class ScheduleOptions(Checked):
     """The keys of ``optim.schedule`` and their defaults (also its config schema, ``lmtrain/config/``)."""
@@ -59,6 +69,9 @@ class OptimOptions:
     sparse_lr: float | None = None  # learning rate of the sparse output rows (default lr)
     sparse_optimizer: SparseOptimizer = SparseOptimizer.sparse_adam  # adam: the optimizer of the sparse rows
     schedule: ScheduleOptions | None = field(default_factory=ScheduleOptions)
+    # weight averaging (NT-ASGD with sgd): validation and the checkpoints' weights are the average once it starts
+    average: AverageWhen = AverageWhen.none
+    nonmono: int = field(default=5, metadata={"at_least": 1})  # average=nonmono: validations without a new best
 
     @staticmethod
     def extra_keys(node: Any) -> tuple[str, list[str]]:
@@ -67,6 +80,10 @@ class OptimOptions:
         optimizer = torch_optimizer(str(node.get("name")))
         names = [] if optimizer is None else list(inspect.signature(optimizer).parameters)
         return f"optim={node.get('name')}", [name for name in names if name != "params"]
+
+
+# the keys lmtrain reads itself and never passes to the torch optimizer
+OWN_KEYS = ("name", "lr", "clip", "schedule", "average", "nonmono")
 
 
 def torch_optimizer(name: str) -> type[torch.optim.Optimizer] | None:

@@ -26,6 +26,9 @@ class RunConfig:
 
     seed: int = 1234
     ckpt_path: str | None = None  # null | last | auto (last.ckpt here if any) | a path to a .ckpt
+    # a fresh fit from this checkpoint's weights (its averaged ones, if it averaged): the finetune stage with
+    # optim.average=always; a resume (ckpt_path) takes its own weights instead
+    init_from: str | None = None
     group: str | int | float | None = None  # W&B group; default in sweeps: the sweep folder
     name: str | int | float | None = None  # run name in W&B and plots; default: the job's overrides, else the output
     run_dir: str = II("hydra:runtime.output_dir")  # where checkpoints, metrics.csv, config.yaml and wandb/ go

@@ -2,13 +2,14 @@
 
 ``batchify`` lays a 1-D id stream out as (B, L) (row b = tokens [b*L, (b+1)*L), the tail dropped);
 window i of :class:`WindowDataset` is columns [i*T, i*T + T) as inputs and the same shifted by one
-as targets, so the hidden state at the end of window i is the right start for window i + 1.
+as targets, so the hidden state at the end of window i is the right start for window i + 1 (with variable lengths,
+``lmtrain.data.window_lengths``, window i starts where window i - 1 ended).
 :class:`StreamSampler` yields window indices in order from a settable start (mid-epoch resume).
 """
 
 from __future__ import annotations
 
-import math
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -46,14 +47,21 @@ def shard_rows(data: Tensor, rank: int, world_size: int, what: str = "batch_size
 class WindowDataset(Dataset):
     """Map-style dataset of TBPTT windows over a (B, L) layout; item i = (inputs, targets), each (B, T_i).
 
-    T_i = bptt except for the last window, which holds the remaining L - 1 - i*bptt positions.
+    T_i = bptt except for the last window, which holds the remaining L - 1 - i*bptt positions; or, given
+    ``lengths`` (adding up to L - 1), T_i = lengths[i], each window starting where the one before ended.
     """
 
-    def __init__(self, data: Tensor, bptt: int) -> None:
+    def __init__(self, data: Tensor, bptt: int, lengths: list[int] | None = None) -> None:
         if bptt < 1:
             raise DataError(f"bptt is {bptt}: set data.bptt to a positive window length.")
         self.data, self.bptt = data, bptt
-        self.num_windows = math.ceil((data.shape[1] - 1) / bptt)
+        positions = data.shape[1] - 1
+        if lengths is None:
+            lengths = [bptt] * (positions // bptt) + ([positions % bptt] if positions % bptt else [])
+        self.starts = list(itertools.accumulate(lengths, initial=0))  # window i: [starts[i], starts[i + 1])
+        if self.starts[-1] != positions:
+            raise ValueError(f"window lengths add up to {self.starts[-1]}, not the layout's {positions} positions")
+        self.num_windows = len(lengths)
 
     def __len__(self) -> int:
         return self.num_windows
@@ -61,8 +69,7 @@ class WindowDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
         if not 0 <= index < self.num_windows:
             raise IndexError(f"window {index} out of range [0, {self.num_windows})")
-        start = index * self.bptt
-        end = min(start + self.bptt, self.data.shape[1] - 1)
+        start, end = self.starts[index], self.starts[index + 1]
         inputs = self.data[:, start:end].contiguous()  # (B, T_i)
         targets = self.data[:, start + 1 : end + 1].contiguous()  # (B, T_i), shifted by one
         return inputs, targets

@@ -18,6 +18,7 @@ from lmtrain.data.options import BatchOptions, SyntheticDataOptions, TextOptions
 from lmtrain.data.synthetic import synthetic_corpus
 from lmtrain.data.text import ensure_corpus, hub_source
 from lmtrain.data.tokenizer import load_corpus
+from lmtrain.data.window_lengths import window_lengths
 from lmtrain.data.zipf_topics import zipf_topic_corpus
 
 
@@ -27,8 +28,10 @@ class LMDataModule(L.LightningDataModule, Part):
     After ``setup()`` (idempotent, also usable before a Trainer exists): ``num_classes``, ``vocab``,
     ``counts``, ``entropy_rate``, ``train_ids``/``valid_ids``/``test_ids``, ``num_train_windows`` and
     ``train_sampler`` (``set_start(window)`` resumes mid-epoch). Loaders yield (inputs, targets) of
-    shape (B, T) in stream order. Under DDP (``trainer.world_size > 1``) each rank keeps its
-    contiguous block of the global batch's rows, so N ranks together see what one process sees.
+    shape (B, T) in stream order; with ``variable_bptt`` T varies by window and the windows by epoch
+    (``set_train_epoch``; the Trainer then reloads the training loader every epoch). Under DDP
+    (``trainer.world_size > 1``) each rank keeps its contiguous block of the global batch's rows, so N ranks
+    together see what one process sees.
     """
 
     group = "data"  # data=NAME (``lmtrain.common.part``)
@@ -37,9 +40,13 @@ class LMDataModule(L.LightningDataModule, Part):
     def __init__(self, batch: BatchOptions) -> None:
         super().__init__()
         self.batch_size, self.bptt, self.eval_batch_size = batch.batch_size, batch.bptt, batch.eval_batch_size
+        self.batch = batch
         self.corpus: Corpus | None = None
         self.train_sampler: StreamSampler | None = None
         self.num_train_windows = 0
+        self.train_lengths: list[int] = []  # the window lengths of the epoch laid out (set_train_epoch)
+        self._train_epoch: int | None = None
+        self._train_positions = 0  # target positions per row of the training layout
 
     def load_corpus(self) -> Corpus:
         """Load (or generate) the tokenized corpus; implemented by each source."""
@@ -50,9 +57,19 @@ class LMDataModule(L.LightningDataModule, Part):
             return
         corpus = self.load_corpus()
         train_layout = batchify(corpus.train, self.batch_size, "train")  # (B, L): checks the size early
-        self.num_train_windows = len(WindowDataset(train_layout, self.bptt))
-        self.train_sampler = StreamSampler(self.num_train_windows)
+        self._train_positions = train_layout.shape[1] - 1
+        self.train_sampler = StreamSampler(0)
+        self.set_train_epoch(0)
         self.corpus = corpus
+
+    def set_train_epoch(self, epoch: int) -> None:
+        """Lay out the training windows of ``epoch`` (``window_lengths``: the same for every epoch unless
+        ``variable_bptt``); the sampler keeps the start it was given (a resumed epoch is laid out first)."""
+        if epoch == self._train_epoch or self.train_sampler is None:
+            return
+        self.train_lengths = window_lengths(self._train_positions, self.batch, epoch)
+        self.num_train_windows = self.train_sampler.num_windows = len(self.train_lengths)
+        self._train_epoch = epoch
 
     def _loaded(self) -> Corpus:
         if self.corpus is None:
@@ -93,10 +110,18 @@ class LMDataModule(L.LightningDataModule, Part):
             return 0, 1
         return trainer.global_rank, trainer.world_size
 
-    def _loader(self, ids: Tensor, batch_size: int, split: str, key: str, sampler: StreamSampler | None) -> DataLoader:
+    def _loader(
+        self,
+        ids: Tensor,
+        batch_size: int,
+        split: str,
+        key: str,
+        sampler: StreamSampler | None,
+        lengths: list[int] | None = None,
+    ) -> DataLoader:
         rank, world_size = self._rank()
         data = shard_rows(batchify(ids, batch_size, split), rank, world_size, key)  # (B / world, L)
-        dataset = WindowDataset(data, self.bptt)
+        dataset = WindowDataset(data, self.bptt, lengths)
         loader = DataLoader if sampler is None else StreamLoader  # the training loader resumes mid-epoch
         sampler = sampler if sampler is not None else StreamSampler(len(dataset))
         # its own generator: creating an iterator must not draw from the global RNG (exact resume)
@@ -104,7 +129,11 @@ class LMDataModule(L.LightningDataModule, Part):
 
     def train_dataloader(self) -> DataLoader:
         self.setup()
-        return self._loader(self.train_ids, self.batch_size, "train", "batch_size", self.train_sampler)
+        if self.trainer is not None and self.batch.variable_bptt:  # else: the epoch last laid out (set_train_epoch)
+            self.set_train_epoch(self.trainer.current_epoch)
+        return self._loader(
+            self.train_ids, self.batch_size, "train", "batch_size", self.train_sampler, self.train_lengths
+        )
 
     def val_dataloader(self) -> DataLoader:
         self.setup()

@@ -23,6 +23,14 @@ class BatchOptions(Checked):
     batch_size: int = field(default=20, metadata=AT_LEAST_1)  # rows of a training batch (parallel streams)
     bptt: int = field(default=35, metadata=AT_LEAST_1)  # window length T of truncated backpropagation
     eval_batch_size: int = field(default=10, metadata=AT_LEAST_1)  # rows of a validation or test batch
+    # AWD-LSTM's variable windows (``lmtrain.data.window_lengths``): each training window is bptt long, or bptt / 2
+    # with probability bptt_half_prob, plus normal noise of std bptt_std, at least bptt_min; a step's lr is scaled by
+    # its window's length / bptt. The lengths are a function of bptt_seed and the epoch (exact resume)
+    variable_bptt: bool = False
+    bptt_half_prob: float = field(default=0.05, metadata={"at_least": 0, "at_most": 1})
+    bptt_std: float = field(default=5.0, metadata={"at_least": 0})
+    bptt_min: int = field(default=5, metadata=AT_LEAST_1)
+    bptt_seed: int = 0  # seeds the draws of the lengths (with the epoch); other seeds, other windows
 
 
 @dataclass

@@ -69,7 +69,8 @@ def build_module(cfg: DictConfig, num_classes: int, counts: Tensor, train_ids: T
     resolved = {"sparse_embedding": sparse_rows_match_dense(optim)} if sparse == "auto" else {}
     encoder = build(cfg.model, Runtime(num_classes), **resolved)
     output = build_output(cfg, num_classes, encoder.output_dim, counts, train_ids)
-    module = LanguageModel(encoder, output, optim, str(cfg.loss_reduction))
+    lr_window = int(cfg.data.bptt) if cfg.data.get("variable_bptt") else None  # lr scaled by each window's length
+    module = LanguageModel(encoder, output, optim, str(cfg.loss_reduction), lr_window)
     if cfg.get("execution") is not None:
         note = "execution=%s is deprecated and ignored: the device decides (a kernel tree's backend: sampler.backend)"
         log.warning(note, cfg.execution)

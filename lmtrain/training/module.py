@@ -7,15 +7,17 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from lmtrain.common.optim_options import OWN_KEYS, OptimOptions
 from lmtrain.common.precision import float32_region
 from lmtrain.model import State
 from lmtrain.output import OutputLayer
+from lmtrain.training.averaging import WeightAverage
 from lmtrain.training.ddp import ddp_ignored, mean_over_ranks
 from lmtrain.training.metered_module import MeteredModule
 from lmtrain.training.optim import build_optimizer
 from lmtrain.training.resume import Resumed, checkpoint_entry, resume_fit
 from lmtrain.training.rng import set_rng_states
-from lmtrain.training.schedule import build_scheduler
+from lmtrain.training.schedule import build_scheduler, scaled_lr
 from lmtrain.training.step import (
     NonFiniteLossError,
     Window,
@@ -33,14 +35,28 @@ class LanguageModel(MeteredModule):
 
     The LSTM state is carried across the windows of an epoch and detached (truncated BPTT); it is saved in
     checkpoints together with the data position and RNG states, so a resumed run continues exactly
-    (``lmtrain.training.resume``).
+    (``lmtrain.training.resume``). ``lr_window``: each step's learning rate is scaled by its window's length /
+    ``lr_window`` (variable BPTT; None: not scaled). ``optim.average``: validation and the checkpoints' weights are
+    the running mean of the weights once it starts (``lmtrain.training.averaging``).
     """
 
-    def __init__(self, encoder: nn.Module, output: OutputLayer, optim: dict[str, Any], loss_reduction: str) -> None:
+    def __init__(
+        self,
+        encoder: nn.Module,
+        output: OutputLayer,
+        optim: dict[str, Any],
+        loss_reduction: str,
+        lr_window: int | None = None,
+    ) -> None:
         super().__init__()
         self.encoder, self.output = encoder, output
         self.optim = dict(optim)
         self.loss_reduction = loss_reduction
+        self.lr_window = lr_window
+        self._lr_factor = 1.0  # this step's window length / lr_window
+        self.average = WeightAverage(
+            self.optim.get("average", OptimOptions.average), self.optim.get("nonmono", OptimOptions.nonmono)
+        )
         self._state: dict[str, State | None] = {"train": None, "val": None, "test": None}
         self._eval_sums: Tensor = torch.zeros(2, dtype=torch.float64)  # (sum of -log p, token count)
         self._batches_done = 0  # training windows finished in the current epoch
@@ -72,6 +88,8 @@ class LanguageModel(MeteredModule):
         self._state["train"], self._batches_done = None, 0
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        if self.lr_window is not None:  # a shape: known on the host, no sync
+            self._lr_factor = batch[0].shape[1] / self.lr_window
         if self._resumed is not None:  # the resumed epoch is under way; the next epoch start resets
             set_rng_states(self._resumed.rng)  # not earlier: creating the loader iterator may draw numbers
             self._resumed = None
@@ -87,6 +105,8 @@ class LanguageModel(MeteredModule):
         self._eval_sums += torch.stack([-log_p.double().sum().cpu(), torch.tensor(log_p.numel(), dtype=torch.float64)])
 
     def _eval_start(self, split: str) -> None:
+        if split == "val":  # the test reads a checkpoint's weights, already the averaged ones
+            self.average.swap_in(self)
         self._state[split] = None
         self._eval_sums = torch.zeros(2, dtype=torch.float64)
 
@@ -97,6 +117,10 @@ class LanguageModel(MeteredModule):
         mean_nll = (sums[0] / sums[1].clamp(min=1)).float()
         self.log(f"{split}/loss", mean_nll, sync_dist=False)
         self.log(f"{split}/ppl", mean_nll.exp(), prog_bar=True, sync_dist=False)
+        if split == "val":
+            self.average.swap_out(self)
+            if self.trainer.state.fn == "fit" and not self.trainer.sanity_checking:
+                self.average.observe(float(mean_nll))  # at the end of a validation, not in a training step
         if split == "val" and self.trainer.state.fn == "fit":  # the x axis of perplexity against training time
             self.log("train/seconds", self.train_seconds, sync_dist=False)
         if split == "test":
@@ -131,7 +155,7 @@ class LanguageModel(MeteredModule):
         sparse = self.sparse_parameters()
         sparse_ids = {id(p) for p in sparse}
         dense = [p for p in self.parameters() if id(p) not in sparse_ids]
-        kwargs = {k: v for k, v in self.optim.items() if k not in ("name", "lr", "clip", "schedule") and v}
+        kwargs = {k: v for k, v in self.optim.items() if k not in OWN_KEYS and v}
         optimizer = build_optimizer(self.optim["name"], dense, sparse, lr=self.optim["lr"], **kwargs)
         config: dict[str, Any] = {"optimizer": optimizer}
         scheduler = build_scheduler(optimizer, self.optim.get("schedule") or {})
@@ -143,8 +167,10 @@ class LanguageModel(MeteredModule):
         clip_gradients(self.parameters(), self.optim.get("clip"))
 
     def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
-        super().optimizer_step(*args, **kwargs)
+        with scaled_lr(self.trainer.optimizers[0], self._lr_factor):
+            super().optimizer_step(*args, **kwargs)
         after_update(self.output)  # e.g. refresh a kernel sampler's tree from the changed rows
+        self.average.update(self)
 
     # --- multi-process (DDP) -----------------------------------------------------------------------
     def setup(self, stage: str) -> None:
@@ -167,10 +193,12 @@ class LanguageModel(MeteredModule):
         for logger in self.loggers:  # metrics on disk stay in step with the checkpoint a resume starts from
             logger.save()
         checkpoint["lmtrain"] = checkpoint_entry(self, self._batches_done, self._state["train"])
+        self.average.save(checkpoint, self)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self._trainer is None or self.trainer.state.fn != "fit":
             return
+        self.average.restore(checkpoint, self)  # before Lightning loads state_dict: the training weights
         self._resumed = resume_fit(checkpoint, self.trainer)  # also sets the data sampler's start
         if self._resumed is None:
             return

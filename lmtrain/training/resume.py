@@ -67,6 +67,7 @@ def resume_fit(checkpoint: dict[str, Any], trainer: L.Trainer) -> Resumed | None
     epoch = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {}).get("current", {})
     finished = epoch.get("completed", 0) >= epoch.get("ready", 0)
     done = saved["batches_done"]
+    trainer.datamodule.set_train_epoch(int(checkpoint.get("epoch", 0)))  # its windows (variable_bptt: by epoch)
     if not finished and 0 < done < batches_per_epoch(trainer):
         trainer.datamodule.train_sampler.set_start(done)
         resumed.mid_epoch, resumed.batches_done = True, done

@@ -18,6 +18,7 @@ from lmtrain.training.rng import seed_run, set_rng_states
 from lmtrain.training.run_folder import (
     add_results,
     hydra_context,
+    load_initial_weights,
     prepare_resume,
     resolve_ckpt,
     result_line,
@@ -51,6 +52,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
             best,
         )
     resume_id = prepare_resume(ckpt, module.signature, run_dir) if ckpt is not None else None
+    if ckpt is None and cfg.get("init_from"):  # the finetune stage: a fresh fit from another run's weights
+        load_initial_weights(Path(str(cfg.init_from)).expanduser().resolve(), module)
 
     name = run_name(cfg, output_choice, overrides)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -96,6 +96,24 @@ def add_results(run_dir: Path, metrics: dict[str, float], wall_time_s: float) ->
     path.write_text(json.dumps(info, indent=2, default=str))
 
 
+def load_initial_weights(path: Path, module: Any) -> None:
+    """``init_from``: ``module`` takes the weights of the checkpoint at ``path`` (its ``state_dict``: the averaged
+    weights of a run that averaged), of the same vocabulary, output strategy and weight shapes (options that shape
+    no weight, e.g. dropout, may differ); nothing else of that run is taken."""
+    kept = {key: module.signature[key] for key in ("num_classes", "output") if key in module.signature}
+    try:
+        saved = read_checkpoint(path)
+        check_compatible(saved, kept, path)
+    except CheckpointError as exc:
+        raise CheckpointError(str(exc).replace("ckpt_path", "init_from", 1)) from None
+    try:
+        module.load_state_dict(saved["state_dict"])
+    except RuntimeError as exc:  # a missing or unexpected key, another shape
+        detail = " ".join(str(exc).split())[:300]
+        raise CheckpointError(f"init_from {path}: its weights do not fit this model ({detail})") from None
+    log.info("starting from the weights of %s", path)
+
+
 def prepare_resume(ckpt: Path, signature: dict[str, Any], run_dir: Path) -> str | None:
     """Check that ``ckpt`` fits this model (``signature``), carry its run's metrics.csv over into ``run_dir`` (a
     copy: the old file is never touched), and return its W&B run id."""

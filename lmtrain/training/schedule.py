@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,3 +37,20 @@ def build_scheduler(optimizer: torch.optim.Optimizer, schedule: dict[str, Any]) 
         )
         return {"scheduler": plateau, "monitor": "val/ppl", "interval": "epoch"}
     return None  # none: ScheduleOptions' choices (checked above) leave no other kind
+
+
+@contextmanager
+def scaled_lr(optimizer: torch.optim.Optimizer, factor: float) -> Iterator[None]:
+    """Every parameter group's learning rate times ``factor`` inside (one step of a variable-length window), then
+    exactly what it was, so that the schedule never sees the scaling."""
+    if factor == 1.0:
+        yield
+        return
+    saved = [group["lr"] for group in optimizer.param_groups]
+    for group, lr in zip(optimizer.param_groups, saved, strict=True):
+        group["lr"] = lr * factor
+    try:
+        yield
+    finally:
+        for group, lr in zip(optimizer.param_groups, saved, strict=True):
+            group["lr"] = lr

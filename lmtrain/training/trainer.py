@@ -73,9 +73,12 @@ def build_trainer(cfg: DictConfig, loggers: list[Logger], callbacks: list[L.Call
     """``cfg.trainer`` with what lmtrain sets itself: loggers, callbacks, the run folder, atomic checkpoint writes,
     and a profiler that costs nothing per hook unless one was asked for (``+trainer.profiler=simple``)."""
     profiler = {} if cfg.trainer.get("profiler") else {"profiler": NoProfiler()}
+    # variable_bptt: each epoch has its own windows, so its own number of batches (lmtrain.data.window_lengths)
+    reload = {"reload_dataloaders_every_n_epochs": 1} if cfg.data.get("variable_bptt") else {}
     return instantiate(
         cfg.trainer,
         **profiler,
+        **reload,
         logger=loggers,
         callbacks=callbacks,
         default_root_dir=str(run_dir),
