@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -29,6 +30,9 @@ class LSTMOptions(Checked):
     # affordable). auto: on when the optimizer updates sparse rows exactly as it would dense ones (sgd or adagrad
     # without momentum or weight decay), off otherwise (adam would switch the embedding to SparseAdam)
     sparse_embedding: bool | str = field(default="auto", metadata={"choices": (True, False, "auto")})
+    # the input embedding is the output layer's class vectors (one matrix, owned by the output); a linear map
+    # hidden_dim -> emb_dim before the output layer when the sizes differ. Its rows are sparse where the output's are
+    tie_weights: bool = False
 
 
 class LSTMEncoder(nn.Module, Part):
@@ -41,6 +45,10 @@ class LSTMEncoder(nn.Module, Part):
     rows of the window's tokens instead of all n x emb_dim entries (at n = 10^6 the dense gradient's zeroing,
     clipping and update cost more than the rest of the step). ``"auto"`` is resolved by the app from the optimizer
     (``lmtrain.training.optim.sparse_rows_match_dense``); constructed directly it means dense.
+
+    ``tie_weights=True`` (Inan et al. 2017; Press & Wolf 2017) builds no embedding of its own: ``tie`` hands it the
+    output layer's lookup of its class vectors, and a linear map hidden_dim -> emb_dim (no bias) sizes the top
+    output to emb_dim when the two differ.
     """
 
     group, name, Options = "model", "lstm", LSTMOptions  # model=lstm (``lmtrain.common.part``)
@@ -51,24 +59,41 @@ class LSTMEncoder(nn.Module, Part):
         super().__init__()
         self.options = opts = self.Options(**options)  # the keys left out take their defaults
         self.hidden_dim, self.num_layers = opts.hidden_dim, opts.num_layers
-        self.embedding = nn.Embedding(num_classes, opts.emb_dim, sparse=opts.sparse_embedding is True)
+        sparse = opts.sparse_embedding is True
+        self.embedding = None if opts.tie_weights else nn.Embedding(num_classes, opts.emb_dim, sparse=sparse)
+        self.tied: Callable[[Tensor], Tensor] | None = None  # the output's ``embed``, set by ``tie``
         dropout = opts.dropout if opts.num_layers > 1 else 0.0
         self.lstm = nn.LSTM(opts.emb_dim, opts.hidden_dim, opts.num_layers, dropout=dropout, batch_first=True)
         self.drop = nn.Dropout(opts.dropout)
+        resize = opts.tie_weights and opts.hidden_dim != opts.emb_dim
+        self.project = nn.Linear(opts.hidden_dim, opts.emb_dim, bias=False) if resize else None
         for p in self.parameters():
             nn.init.uniform_(p, -opts.init_range, opts.init_range)
 
     @property
     def output_dim(self) -> int:
-        return self.hidden_dim
+        """The size of the hidden states handed to the output layer: emb_dim when tied, else hidden_dim."""
+        return self.options.emb_dim if self.options.tie_weights else self.hidden_dim
+
+    def tie(self, embed: Callable[[Tensor], Tensor]) -> None:
+        """``model.tie_weights``: read the input embedding through ``embed`` (the output layer's, tokens (B, T) ->
+        their class vectors (B, T, emb_dim)); the matrix stays registered in the output only."""
+        if not self.options.tie_weights:
+            raise ValueError("this encoder has its own input embedding (model.tie_weights=false)")
+        self.tied = embed
 
     def sparse_parameters(self) -> list[nn.Parameter]:
-        """The parameters whose gradients are sparse rows (the optimizer and clipping treat them as such)."""
-        return [self.embedding.weight] if self.embedding.sparse else []
+        """The parameters whose gradients are sparse rows (the optimizer and clipping treat them as such); a tied
+        embedding is the output's, which names it."""
+        return [self.embedding.weight] if self.embedding is not None and self.embedding.sparse else []
 
     def forward(self, tokens: Tensor, state: State | None = None) -> tuple[Tensor, State]:
-        """tokens (B, T) -> hidden (B, T, hidden_dim), new state."""
-        emb = self.drop(self.embedding(tokens))  # (B, T, emb_dim)
+        """tokens (B, T) -> hidden (B, T, output_dim), new state."""
+        embed = self.embedding if self.embedding is not None else self.tied
+        if embed is None:
+            raise RuntimeError("model.tie_weights=true: tie the encoder to its output layer (tie) before a forward")
+        emb = self.drop(embed(tokens))  # (B, T, emb_dim)
         with lstm_region(emb.device):
             out, state = self.lstm(emb, state)  # (B, T, hidden_dim)
-        return self.drop(out), state
+        out = self.drop(out)
+        return (out if self.project is None else self.project(out)), state  # (B, T, output_dim)

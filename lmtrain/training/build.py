@@ -69,11 +69,15 @@ def build_module(cfg: DictConfig, num_classes: int, counts: Tensor, train_ids: T
     resolved = {"sparse_embedding": sparse_rows_match_dense(optim)} if sparse == "auto" else {}
     encoder = build(cfg.model, Runtime(num_classes), **resolved)
     output = build_output(cfg, num_classes, encoder.output_dim, counts, train_ids)
+    tied = bool(cfg.model.get("tie_weights"))
+    if tied:  # one matrix, registered in the output (one copy in a checkpoint); the encoder reads its rows
+        encoder.tie(output.embed)
     module = LanguageModel(encoder, output, optim, str(cfg.loss_reduction))
     if cfg.get("execution") is not None:
         note = "execution=%s is deprecated and ignored: the device decides (a kernel tree's backend: sampler.backend)"
         log.warning(note, cfg.execution)
     model = OmegaConf.to_container(cfg.model, resolve=True)
     model.pop("sparse_embedding", None)  # how gradients are stored, not what the weights are: any checkpoint fits
-    module.signature = {"num_classes": num_classes, "output": cfg.output._target_, "model": model}
+    model.pop("tie_weights", None)  # its own entry: checkpoints written before the key have none (untied)
+    module.signature = {"num_classes": num_classes, "output": cfg.output._target_, "model": model, "tied": tied}
     return module
