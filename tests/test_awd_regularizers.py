@@ -80,7 +80,7 @@ def test_word_dropout_zeroes_whole_words_scales_the_rest_and_keeps_sparse_rows()
     enc = encoder(word_dropout=0.5, sparse_embedding=True)
     ids = torch.randint(0, 8, (B, T))  # 8 words, each many times
     torch.manual_seed(3)
-    emb = enc.word_drop(enc.embedding, ids)
+    emb = enc.word_drop(enc.embedding(ids), ids, enc.num_classes)
     kept = set()
     for word in ids.unique().tolist():
         rows = emb[ids == word]
@@ -95,7 +95,7 @@ def test_word_dropout_zeroes_whole_words_scales_the_rest_and_keeps_sparse_rows()
     dense = grad.to_dense()
     assert all((dense[w] != 0).all() == (w in kept) for w in ids.unique().tolist())
     enc.eval()
-    assert torch.equal(enc.word_drop(enc.embedding, ids), enc.embedding(ids))
+    assert torch.equal(enc.word_drop(enc.embedding(ids), ids, enc.num_classes), enc.embedding(ids))
 
 
 def test_weight_drop_masks_weight_hh_per_forward_without_touching_the_parameter():

@@ -40,6 +40,7 @@ def config_problems(cfg: DictConfig) -> Iterator[str]:
     except MissingMandatoryValue as exc:
         yield f"{exc.full_key} must be set ({exc.full_key}=...)"
     yield from node_problems(cfg, "")
+    yield from tying_problems(cfg)
     for part in ("logger", "callbacks"):
         for name, spec in (cfg.get(part) or {}).items():
             yield from target_problems(spec, f"{part}.{name}")
@@ -69,6 +70,24 @@ def node_problems(node: DictConfig, path: str) -> Iterator[str]:
         if not OmegaConf.is_interpolation(node, key) and isinstance(node[key], DictConfig):
             yield from node_problems(node[key], full)
     yield from schema.problems(node, path) if hasattr(schema, "problems") else ()  # its rules across keys
+
+
+def tying_problems(cfg: DictConfig) -> Iterator[str]:
+    """``model.tie_weights=true`` with an output strategy that has no class vectors to share (its class says why:
+    ``tie_refusal``)."""
+    model, output = cfg.get("model"), cfg.get("output")
+    if not isinstance(model, DictConfig) or not isinstance(output, DictConfig) or not output.get("_target_"):
+        return
+    if value_at(model, "tie_weights") is not True:
+        return
+    try:
+        cls = get_class(str(output._target_))
+    except Exception:  # an output that cannot be imported fails where it is built, naming the import
+        return
+    refusal = getattr(cls, "tie_refusal", "")
+    if refusal:
+        name = getattr(cls, "name", cls.__name__)
+        yield f"model.tie_weights=true cannot apply to output={name}: {refusal}; set model.tie_weights=false"
 
 
 def target_problems(spec: Any, path: str) -> Iterator[str]:

@@ -3,6 +3,7 @@ embedding (word) dropout, whole words dropped (Gal & Ghahramani 2016; Merity et 
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 
@@ -41,15 +42,14 @@ class WordDropout(nn.Module):
         super().__init__()
         self.p = p
 
-    def forward(self, embedding: nn.Embedding, tokens: Tensor) -> Tensor:
-        """tokens (B, T) -> embeddings (B, T, emb_dim), whole words dropped in training."""
-        emb = embedding(tokens)
+    def forward(self, emb: Tensor, tokens: Tensor, num_rows: int) -> Tensor:
+        """The embeddings (B, T, emb_dim) of tokens (B, T) from a matrix of ``num_rows`` rows -> the same, whole
+        words dropped in training."""
         if not self.training or self.p == 0:
             return emb
         keep = 1.0 - self.p
-        weight = embedding.weight
         # one draw per vocabulary row: a fixed shape whatever the batch holds (no unique(), no host sync)
-        rows = weight.new_empty(weight.shape[0]).bernoulli_(keep).div_(keep)  # (n,)
+        rows = torch.empty(num_rows, device=emb.device).bernoulli_(keep).div_(keep)  # (n,)
         return emb * rows[tokens].unsqueeze(-1).to(emb.dtype)
 
     def extra_repr(self) -> str:

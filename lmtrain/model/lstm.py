@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -47,6 +48,9 @@ class LSTMOptions(Checked):
     # added to the training objective only: AR alpha * mean(dropped top output^2), TAR beta * mean((h_t - h_t-1)^2)
     activation_reg: float = field(default=0.0, metadata={"at_least": 0})
     temporal_activation_reg: float = field(default=0.0, metadata={"at_least": 0})
+    # the input embedding is the output layer's class vectors (one matrix, owned by the output); a linear map
+    # hidden_dim -> emb_dim before the output layer when the sizes differ. Its rows are sparse where the output's are
+    tie_weights: bool = False
 
     def rate(self, specific: float | None) -> float:
         """A dropout site's rate: its own key if set, else ``dropout``."""
@@ -68,6 +72,10 @@ class LSTMEncoder(nn.Module, Part):
     rows of the window's tokens instead of all n x emb_dim entries (at n = 10^6 the dense gradient's zeroing,
     clipping and update cost more than the rest of the step). ``"auto"`` is resolved by the app from the optimizer
     (``lmtrain.training.optim.sparse_rows_match_dense``); constructed directly it means dense.
+
+    ``tie_weights=True`` (Inan et al. 2017; Press & Wolf 2017) builds no embedding of its own: ``tie`` hands it the
+    output layer's lookup of its class vectors, and a linear map hidden_dim -> emb_dim (no bias) sizes the top
+    output to emb_dim when the two differ.
     """
 
     group, name, Options = "model", "lstm", LSTMOptions  # model=lstm (``lmtrain.common.part``)
@@ -78,7 +86,10 @@ class LSTMEncoder(nn.Module, Part):
         super().__init__()
         self.options = opts = self.Options(**options)  # the keys left out take their defaults
         self.hidden_dim, self.num_layers = opts.hidden_dim, opts.num_layers
-        self.embedding = nn.Embedding(num_classes, opts.emb_dim, sparse=opts.sparse_embedding is True)
+        self.num_classes = num_classes
+        sparse = opts.sparse_embedding is True
+        self.embedding = None if opts.tie_weights else nn.Embedding(num_classes, opts.emb_dim, sparse=sparse)
+        self.tied: Callable[[Tensor], Tensor] | None = None  # the output's ``embed``, set by ``tie``
         self.word_drop = WordDropout(opts.word_dropout)
         between = opts.rate(opts.dropout_between) if opts.num_layers > 1 else 0.0
         if opts.locked_dropout and between > 0:  # a mask per sequence between layers: the layers run one by one
@@ -87,6 +98,8 @@ class LSTMEncoder(nn.Module, Part):
             self.lstm = nn.LSTM(opts.emb_dim, opts.hidden_dim, opts.num_layers, dropout=between, batch_first=True)
         self.drop_input = activation_dropout(opts.rate(opts.dropout_input), opts.locked_dropout)
         self.drop_output = activation_dropout(opts.rate(opts.dropout_output), opts.locked_dropout)
+        resize = opts.tie_weights and opts.hidden_dim != opts.emb_dim
+        self.project = nn.Linear(opts.hidden_dim, opts.emb_dim, bias=False) if resize else None
         for p in self.parameters():
             nn.init.uniform_(p, -opts.init_range, opts.init_range)
         # the AR / TAR terms of the last training forward, for the training objective (lmtrain.training.step)
@@ -94,16 +107,28 @@ class LSTMEncoder(nn.Module, Part):
 
     @property
     def output_dim(self) -> int:
-        return self.hidden_dim
+        """The size of the hidden states handed to the output layer: emb_dim when tied, else hidden_dim."""
+        return self.options.emb_dim if self.options.tie_weights else self.hidden_dim
+
+    def tie(self, embed: Callable[[Tensor], Tensor]) -> None:
+        """``model.tie_weights``: read the input embedding through ``embed`` (the output layer's, tokens (B, T) ->
+        their class vectors (B, T, emb_dim)); the matrix stays registered in the output only."""
+        if not self.options.tie_weights:
+            raise ValueError("this encoder has its own input embedding (model.tie_weights=false)")
+        self.tied = embed
 
     def sparse_parameters(self) -> list[nn.Parameter]:
-        """The parameters whose gradients are sparse rows (the optimizer and clipping treat them as such)."""
-        return [self.embedding.weight] if self.embedding.sparse else []
+        """The parameters whose gradients are sparse rows (the optimizer and clipping treat them as such); a tied
+        embedding is the output's, which names it."""
+        return [self.embedding.weight] if self.embedding is not None and self.embedding.sparse else []
 
     def forward(self, tokens: Tensor, state: State | None = None) -> tuple[Tensor, State]:
-        """tokens (B, T) -> hidden (B, T, hidden_dim), new state."""
+        """tokens (B, T) -> hidden (B, T, output_dim), new state."""
         opts = self.options
-        emb = self.drop_input(self.word_drop(self.embedding, tokens))  # (B, T, emb_dim)
+        embed = self.embedding if self.embedding is not None else self.tied
+        if embed is None:
+            raise RuntimeError("model.tie_weights=true: tie the encoder to its output layer (tie) before a forward")
+        emb = self.drop_input(self.word_drop(embed(tokens), tokens, self.num_classes))  # (B, T, emb_dim)
         with lstm_region(emb.device):
             if isinstance(self.lstm, nn.LSTM):
                 raw, state = run_lstm(self.lstm, emb, state, opts.weight_drop)  # (B, T, hidden_dim)
@@ -112,4 +137,4 @@ class LSTMEncoder(nn.Module, Part):
         out = self.drop_output(raw)
         ar, tar = opts.activation_reg, opts.temporal_activation_reg
         self.penalties = activation_penalties(raw, out, ar, tar) if self.training else {}
-        return out, state
+        return (out if self.project is None else self.project(out)), state  # (B, T, output_dim)

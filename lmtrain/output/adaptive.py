@@ -90,6 +90,10 @@ class AdaptiveSoftmax(OutputLayer):
 
     name, Options = "adaptive", AdaptiveOptions  # output=adaptive
     loss_is_nll = True
+    tie_refusal = (
+        "only its head holds d-sized class vectors; the tail clusters score through projections to smaller sizes, "
+        "which an input embedding would have to share per cluster (adaptive input), not implemented"
+    )
     # the training loss's form: None by the device (fixed shapes on a GPU, torch's module elsewhere); True or False
     # forces one (the launch counter and the tests)
     fixed_shapes: bool | None = None

@@ -33,6 +33,9 @@ class OutputLayer(nn.Module, Part):
 
     num_classes: int
     loss_is_nll: bool = False  # True when `loss` is the exact mean -log p: then exp(loss) is a perplexity
+    # why model.tie_weights cannot share this strategy's class vectors with the input embedding; "" where it can
+    # (then ``embed`` reads them): the config check refuses the others before anything is built
+    tie_refusal: ClassVar[str] = "it has no single vector per class to share"
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -61,6 +64,11 @@ class OutputLayer(nn.Module, Part):
             pairs = self.log_prob(hidden.repeat_interleave(classes.numel(), 0), classes.repeat(num_positions))
             parts.append(pairs.view(num_positions, classes.numel()))  # (N, k)
         return torch.cat(parts, dim=1)
+
+    def embed(self, tokens: Tensor) -> Tensor:
+        """tokens (...) -> (..., dim) their class vectors: the input embedding of a tied model (``tie_weights``),
+        read from this layer's own matrix, so both sides' gradients reach one parameter."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be tied: {self.tie_refusal}")
 
     def after_optimizer_step(self) -> None:
         """Called once after every optimizer step; default: nothing to refresh."""

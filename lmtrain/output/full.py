@@ -29,6 +29,7 @@ class FullSoftmax(OutputLayer):
     runtime_args: ClassVar[tuple[str, ...]] = ("num_classes", "dim", "counts")
 
     loss_is_nll = True
+    tie_refusal = ""
 
     def __init__(self, num_classes: int, dim: int, counts: Tensor | None = None, **options: Any) -> None:
         super().__init__()
@@ -47,6 +48,10 @@ class FullSoftmax(OutputLayer):
     def logits(self, hidden: Tensor) -> Tensor:
         """(N, d) -> (N, n)."""
         return F.linear(hidden, self.weight, self.bias)
+
+    def embed(self, tokens: Tensor) -> Tensor:
+        # dense rows: the softmax's gradient reaches every class row anyway
+        return F.embedding(tokens, self.weight)  # (..., d)
 
     def loss(self, hidden: Tensor, target: Tensor, inputs: Tensor | None = None) -> Tensor:
         chunk = self.loss_chunk(hidden.shape[0], hidden.device)

@@ -38,6 +38,7 @@ class HierarchicalSoftmax(OutputLayer):
     runtime_args: ClassVar[tuple[str, ...]] = ("num_classes", "dim", "counts")
 
     loss_is_nll = True
+    tie_refusal = "its vectors belong to the tree's inner nodes (or bins), not to the classes: no class vectors to tie"
 
     def __init__(self, num_classes: int, dim: int, counts: Tensor, **options: Any) -> None:
         super().__init__()

@@ -69,6 +69,9 @@ def build_module(cfg: DictConfig, num_classes: int, counts: Tensor, train_ids: T
     resolved = {"sparse_embedding": sparse_rows_match_dense(optim)} if sparse == "auto" else {}
     encoder = build(cfg.model, Runtime(num_classes), **resolved)
     output = build_output(cfg, num_classes, encoder.output_dim, counts, train_ids)
+    tied = bool(cfg.model.get("tie_weights"))
+    if tied:  # one matrix, registered in the output (one copy in a checkpoint)
+        encoder.tie(output.embed)  # the encoder reads its rows through the output
     lr_window = int(cfg.data.bptt) if cfg.data.get("variable_bptt") else None  # lr scaled by each window's length
     module = LanguageModel(encoder, output, optim, str(cfg.loss_reduction), lr_window)
     if cfg.get("execution") is not None:
@@ -76,5 +79,6 @@ def build_module(cfg: DictConfig, num_classes: int, counts: Tensor, train_ids: T
         log.warning(note, cfg.execution)
     model = OmegaConf.to_container(cfg.model, resolve=True)
     model.pop("sparse_embedding", None)  # how gradients are stored, not what the weights are: any checkpoint fits
-    module.signature = {"num_classes": num_classes, "output": cfg.output._target_, "model": model}
+    model.pop("tie_weights", None)  # its own entry: checkpoints written before the key have none (untied)
+    module.signature = {"num_classes": num_classes, "output": cfg.output._target_, "model": model, "tied": tied}
     return module

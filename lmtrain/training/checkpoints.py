@@ -95,6 +95,12 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
 def check_compatible(checkpoint: dict[str, Any], signature: dict[str, Any], path: Path) -> None:
     """Refuse to resume a run whose model, output strategy or vocabulary differ from the checkpoint's."""
     saved = checkpoint["lmtrain"].get("signature", {})
+    if "tied" in signature and bool(saved.get("tied")) != signature["tied"]:
+        was, now = ("true", "false") if saved.get("tied") else ("false", "true")
+        raise CheckpointError(
+            f"ckpt_path {path} was saved with model.tie_weights={was} and this config has model.tie_weights={now} "
+            f"(tied, the input embedding is the output's class matrix); set model.tie_weights={was} to load it"
+        )
     diffs = [
         f"{k}: checkpoint {saved.get(k)!r} vs now {v!r}" for k, v in signature.items() if not same(k, saved.get(k), v)
     ]
@@ -108,6 +114,8 @@ def same(key: str, saved: Any, now: Any) -> bool:
     ``lmtrain.output.FullSoftmax``)."""
     if key == "output" and isinstance(saved, str) and isinstance(now, str):
         return saved.rsplit(".", 1)[-1] == now.rsplit(".", 1)[-1]
+    if key == "tied":  # checkpoints written before model.tie_weights have no entry: untied
+        return bool(saved) == bool(now)
     if key == "model" and isinstance(saved, dict) and isinstance(now, dict) and set(saved) < set(now):
         # keys added to the model after the checkpoint was written match at their defaults (its model had none)
         defaults, absent = option_defaults(now.get("_target_")), object()

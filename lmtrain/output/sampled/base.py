@@ -65,6 +65,7 @@ class SampledOutput(OutputLayer):
     Options: ClassVar[type[SampledOptions]] = SampledOptions
     corrects_with_log_q: ClassVar[bool] = True  # False where the loss reads no log q (the targets' is not looked up)
     signed_scores: ClassVar[bool] = True  # False where the logit is |o|: then only zero biases make sense
+    tie_refusal = ""
 
     def __init__(
         self, num_classes: int, dim: int, sampler: Sampler, counts: Tensor | None = None, **options: Any
@@ -118,6 +119,12 @@ class SampledOutput(OutputLayer):
 
     def sparse_parameters(self) -> list[nn.Parameter]:
         return [self.weight] if self.options.sparse else []
+
+    def embed(self, tokens: Tensor) -> Tensor:
+        """The tied input embedding: columns [:d] of the tokens' rows of ``weight`` (the bias column stays the
+        output's). Gathered like the output's rows, sparse with ``sparse``, so both sides' row gradients add up to
+        one sparse gradient of ``weight`` and ``changed_rows`` names the input rows too (a kernel tree follows them)."""
+        return gather_rows(self.weight, tokens, self.options.sparse)[..., : self.dim]  # (..., d)
 
     # --- scores -------------------------------------------------------------------------------
     def query(self, hidden: Tensor) -> Tensor:
