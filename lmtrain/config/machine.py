@@ -32,12 +32,18 @@ WORLD_VARIABLES = ("WORLD_SIZE", "SLURM_NTASKS")
 
 def ddp_child() -> bool:
     """Whether this process is a rank other than 0 of a multi-process run (rank 0 makes the checks and speaks)."""
-    return any(os.environ.get(name, "0").strip().isdigit() and int(os.environ[name]) > 0 for name in RANK_VARIABLES)
+    return any(number_in(name) > 0 for name in RANK_VARIABLES)
 
 
 def several_processes() -> bool:
     """Whether this process is one of several of a run (set once Lightning's launcher or SLURM started them)."""
-    return any(os.environ.get(name, "1").strip().isdigit() and int(os.environ[name]) > 1 for name in WORLD_VARIABLES)
+    return any(number_in(name) > 1 for name in WORLD_VARIABLES)
+
+
+def number_in(variable: str) -> int:
+    """The environment variable ``variable`` as a number; 0 when it is unset or not a number."""
+    text = os.environ.get(variable, "").strip()
+    return int(text) if text.isdigit() else 0
 
 
 def check_machine(cfg: DictConfig) -> None:
@@ -81,9 +87,10 @@ def machine_problems(cfg: DictConfig) -> Iterator[str]:
     try:
         trainer = trial_trainer(trainer_cfg)
     except Exception as exc:  # anything Lightning refuses while building a Trainer, in its own words
-        from lmtrain.config.explain import one_line
+        from lmtrain.config.explain import innermost, one_line
 
-        yield f"trainer ({settings(trainer_cfg)}): {one_line(exc)}"
+        given = settings(trainer_cfg)
+        yield f"trainer{f' ({given})' if given else ''}: {one_line(innermost(exc))}"
         return
     yield from precision_problems(str(trainer_cfg.get("precision")), trainer)
     world = int(trainer.world_size)
@@ -112,10 +119,11 @@ def machine_has(accelerator: str) -> int:
     """How many devices of the kind ``accelerator`` names this machine has (0: none)."""
     from lightning.pytorch.accelerators import CUDAAccelerator, MPSAccelerator, XLAAccelerator
 
-    cuda = CUDAAccelerator.auto_device_count() if CUDAAccelerator.is_available() else 0
-    mps = 1 if MPSAccelerator.is_available() else 0
-    tpu = XLAAccelerator.auto_device_count() if XLAAccelerator.is_available() else 0
-    return {"gpu": cuda or mps, "cuda": cuda, "mps": mps, "tpu": tpu}[accelerator]
+    if accelerator == "tpu":
+        return XLAAccelerator.auto_device_count() if XLAAccelerator.is_available() else 0
+    cuda = CUDAAccelerator.auto_device_count() if accelerator != "mps" and CUDAAccelerator.is_available() else 0
+    mps = 1 if accelerator != "cuda" and MPSAccelerator.is_available() else 0
+    return cuda or mps
 
 
 def device_count(devices: Any) -> int | None:
