@@ -5,8 +5,11 @@ from __future__ import annotations
 import re
 
 import pytest
+import torch
 
 from tests.cli_runs import TINY, run_cli
+
+NEEDS_NO_GPU = pytest.mark.skipif(torch.cuda.is_available() or torch.backends.mps.is_available(), reason="a GPU")
 
 
 @pytest.mark.parametrize(
@@ -20,6 +23,12 @@ from tests.cli_runs import TINY, run_cli
         (["trainer.max_epoch=1"], "unknown key trainer.max_epoch: did you mean trainer.max_epochs?"),
         (["data=text", "data.path=DOES/NOT/EXIST", "logger=csv"], "corpus folder"),
         (["ckpt_path=missing.ckpt", "data=synthetic", "logger=csv"], "missing.ckpt does not exist"),
+        (["output=rffx"], "unknown output 'rffx': did you mean output=rff? (choose one of"),
+        pytest.param(
+            ["trainer.accelerator=gpu"], "trainer.accelerator=gpu: this machine has no GPU", marks=NEEDS_NO_GPU
+        ),
+        (["trainer.accelerator=cpu", "trainer.devices=4"], "data.eval_batch_size=10 is not divisible by the 4"),
+        (["trainer.accelerator=cpu", "trainer.precision=16-mixed"], "use trainer.precision=bf16-mixed or 32-true"),
     ],
 )
 def test_bad_input_gives_one_clear_line_exit_2_and_leaves_no_folder(tmp_path, args, expected):

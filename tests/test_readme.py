@@ -60,3 +60,17 @@ def test_readme_config_examples_run_as_written(tmp_path):
             for key, value in leaves(written, package).items():
                 if key not in set_here:  # the file's values reached the run
                     assert OmegaConf.select(resolved, key) == value, (group, name, key)
+
+
+def test_readme_says_what_its_own_output_option_gives(tmp_path):
+    """The comment of README's own output option names the proposal's power that option alone gives."""
+    from lmtrain.config import compose_config
+
+    files = readme_files((ROOT / "README.md").read_text())
+    [(name, block)] = [(name, block) for (group, name), block in files.items() if group == "output"]
+    claimed = re.search(r"unigram proposal \(power ([\d.]+)", block)
+    assert claimed, "README's output example no longer names its proposal's power"
+    (tmp_path / "output").mkdir()
+    (tmp_path / "output" / f"{name}.yaml").write_text(block)
+    cfg = compose_config([f"output={name}", "run_dir=/tmp/unused"], config_dir=tmp_path)
+    assert cfg.sampler.power == float(claimed.group(1))

@@ -49,3 +49,22 @@ def test_a_resumed_run_stays_in_its_folder_without_library_warnings(tmp_path):
     assert "val ppl" in resumed.stdout  # the best checkpoint's score came back with its folder
     assert "dirpath" not in resumed.stdout + resumed.stderr
     assert "ckpt_path=last" in (folder / ".hydra" / "overrides.yaml").read_text()
+
+
+def test_one_wandb_sync_command_names_every_offline_segment_of_the_run(tmp_path):
+    """A run resumed in its own folder and then in a new one: the line names its three segments, oldest first,
+    and neither another run's segment nor a segment's files."""
+    from lmtrain.training.loggers.wandb_run import resumed_from, sync_line
+
+    first, second = tmp_path / "first" / "wandb", tmp_path / "second" / "wandb"
+    segments = [first / "offline-run-20260101_100000-abc", first / "offline-run-20260101_110000-abc"]
+    segments.append(second / "offline-run-20260102_090000-abc")
+    for folder in [*segments, first / "offline-run-20260101_120000-xyz", first / "latest-run"]:
+        folder.mkdir(parents=True)
+    resumed_from([tmp_path / "first"])
+    try:
+        line = sync_line(segments[-1])
+    finally:
+        resumed_from([])
+    assert line == f"lmtrain: W&B run saved offline; upload it with: wandb sync {' '.join(map(str, segments))}"
+    assert sync_line(segments[-1]).endswith(f"wandb sync {segments[-1]}")  # a fresh run: its own folder only

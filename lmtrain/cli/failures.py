@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +16,7 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 log = logging.getLogger("lmtrain")
+RANK_0_GRACE_S = 20.0  # how long a failed rank waits for rank 0 to end (and say the error) before it speaks itself
 
 
 @dataclass
@@ -50,15 +53,23 @@ def run_guarded(
 ) -> dict[str, float] | None:
     """Run `train`; a failure marks the W&B run failed. A known failure prints one line (single run: exit 2);
     in a sweep every failure ends only its job (logged, with the traceback for unknown ones) and the sweep goes on.
-    A single run that failed before it wrote anything of value removes its run folder (see ``RunFolder``)."""
+    A single run that failed before it wrote anything of value removes its run folder (see ``RunFolder``). Under
+    DDP only rank 0 prints the line, and no rank removes the folder the others write into."""
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    from lmtrain.config.machine import ddp_child, several_processes
     from lmtrain.training.step import NonFiniteLossError
 
+    launcher = os.getppid()  # rank 0, for a rank that Lightning's launcher started
     try:
         return train(cfg)
     except Exception as exc:
         offline_wandb = mark_wandb_failed()
         cause = root_cause(exc)
-        known = isinstance(cause, (ValueError, NonFiniteLossError, OmegaConfBaseException, FileNotFoundError))
+        known = isinstance(
+            cause,
+            (ValueError, NonFiniteLossError, OmegaConfBaseException, FileNotFoundError, MisconfigurationException),
+        )
         message = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
         run_dir = Path(str(cfg.run_dir))
         if isinstance(cause, NonFiniteLossError):
@@ -68,13 +79,33 @@ def run_guarded(
         if in_multirun():
             log.error("job failed: %s", message, exc_info=None if known else exc)
             return None
-        removed = folder is not None and folder.own and discard_run_folder(run_dir, folder)
+        if ddp_child():
+            end_rank(message, known, launcher)
+        alone = not several_processes()  # else the other ranks may still write into the folder
+        removed = folder is not None and folder.own and alone and discard_run_folder(run_dir, folder)
         if offline_wandb is not None and not removed:
-            print(f"lmtrain: W&B run saved offline; upload it with: wandb sync {offline_wandb}", flush=True)
+            from lmtrain.training.loggers.wandb_run import sync_line
+
+            print(sync_line(offline_wandb), flush=True)
         if not known:
             raise
         fail(message)
     return None
+
+
+def end_rank(message: str, known: bool, launcher: int) -> None:
+    """A rank other than 0 failed; its log file keeps the message. When rank 0 ends within a few seconds (every rank
+    met the same error, and rank 0 says it in one line; or rank 0 failed first and this error followed), this rank
+    exits quietly. Otherwise the error is this rank's alone, and it says it: one line, or (returning) the
+    traceback."""
+    log.error("this rank failed: %s", message)
+    deadline = time.monotonic() + RANK_0_GRACE_S
+    while os.getppid() == launcher and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if os.getppid() != launcher:  # rank 0 has ended
+        sys.exit(2)
+    if known:
+        fail(f"process {os.environ.get('LOCAL_RANK', '?')} of the run: {message}")
 
 
 def discard_run_folder(run_dir: Path, folder: RunFolder) -> bool:

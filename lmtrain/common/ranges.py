@@ -8,6 +8,7 @@ constructor checks them again."""
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import enum
 import types
 import typing
@@ -52,6 +53,14 @@ def enum_of(hint: Any) -> type[enum.Enum] | None:
     return next((arm for arm in arms(hint) if isinstance(arm, type) and issubclass(arm, enum.Enum)), None)
 
 
+def did_you_mean(value: Any, options: Any, shown: str = "{!r}") -> str:
+    """ "did you mean 'mean'?" when a string ``value`` is close to one of the string ``options`` (the guess shown
+    with the format ``shown``), else ''."""
+    names = [str(o) for o in options if isinstance(o, str)]
+    close = difflib.get_close_matches(value, names, n=1, cutoff=0.6) if isinstance(value, str) else []
+    return f"did you mean {shown.format(close[0])}?" if close else ""
+
+
 def choices_of(hint: Any, limits: Mapping[str, Any]) -> tuple[Any, ...] | None:
     """The values a field may take: its Enum's (and None where the annotation allows it), or its ``choices``."""
     options = enum_of(hint)
@@ -69,7 +78,8 @@ def value_problems(label: str, value: Any, hint: Any, limits: Mapping[str, Any])
     allowed = choices_of(hint, limits)
     plain = value.value if isinstance(value, enum.Enum) else value
     if allowed is not None and not any(plain == c and type(plain) is type(c) for c in allowed):
-        yield f"{label} must be one of {', '.join(repr(c) for c in allowed)}, got {plain!r}"
+        message = f"{label} must be one of {', '.join(repr(c) for c in allowed)}, got {plain!r}"
+        yield message + (f"; {guess}" if (guess := did_you_mean(plain, allowed)) else "")
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return
     if "at_least" in limits and value < limits["at_least"]:

@@ -17,6 +17,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from lmtrain.config.explain import explain
+from lmtrain.config.machine import check_machine, check_output_folder, ddp_child
 from lmtrain.config.schema import RENAMED
 from lmtrain.config.validate import ConfigError, check_config
 
@@ -28,18 +29,24 @@ class ConfigRefused(BaseException):  # noqa: N818 (it travels like SystemExit)
 
 class CheckConfig(Callback):
     """Refuses (ConfigRefused, one line) before Hydra writes anything a run's or a sweep job's config with a value
-    out of range, a key no part reads or a value left ``???``."""
+    out of range, a key no part reads, a value left ``???``, what this machine cannot give
+    (``lmtrain.config.machine``) or an output folder this user cannot write."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         warn_renamed(config)
         try:
-            check_config(without_hydra(config))
+            task = without_hydra(config)
+            check_config(task)
+            if not ddp_child():  # a rank that Lightning's launcher started: rank 0 checked all this
+                check_output_folder(str(config.hydra.run.dir), "hydra.run.dir")
+                check_machine(task)
         except ConfigError as err:
             raise ConfigRefused(str(err)) from None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         warn_renamed(config)
         try:
+            check_output_folder(str(config.hydra.sweep.dir), "hydra.sweep.dir")
             check_sweep(config)
         except ConfigError as err:
             raise ConfigRefused(str(err)) from None
@@ -50,6 +57,7 @@ def check_sweep(config: DictConfig) -> None:
     jobs as it goes): ConfigError naming the first job that fails."""
     if not str(config.hydra.sweeper.get("_target_")).endswith(".BasicSweeper"):
         check_config(without_hydra(config))
+        check_machine(without_hydra(config))
         return
     loader = GlobalHydra.instance().config_loader()
     params = [f"{key}={value}" for key, value in (config.hydra.sweeper.get("params") or {}).items()]
@@ -61,7 +69,9 @@ def check_sweep(config: DictConfig) -> None:
 
     for number, job in enumerate(jobs):
         try:
-            check_config(without_hydra(loader.load_sweep_config(config, list(job))))
+            task = without_hydra(loader.load_sweep_config(config, list(job)))
+            check_config(task)
+            check_machine(task)
         except ConfigError as err:
             raise ConfigError(f"job {number} ({' '.join(job)}): {err}") from None
         except Exception as exc:  # Hydra's own errors composing the job

@@ -14,7 +14,7 @@ from hydra.errors import MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
-from lmtrain.common.ranges import arms
+from lmtrain.common.ranges import arms, did_you_mean, enum_of
 from lmtrain.config.validate import unknown_key
 
 Compose = Callable[..., DictConfig]  # compose(overrides, hydra=False): train.yaml with these overrides
@@ -24,13 +24,17 @@ def explain(exc: BaseException, overrides: list[str], compose: Compose) -> str:
     """``exc``, raised by Hydra or OmegaConf while composing ``overrides``, in one line."""
     if isinstance(exc, MissingConfigException) and exc.options is not None and exc.missing_cfg_file:
         group, _, name = exc.missing_cfg_file.rpartition("/")
-        return f"unknown {group} '{name}': choose one of {', '.join(sorted(exc.options))}"
+        options = ", ".join(sorted(exc.options))
+        if guess := did_you_mean(name, sorted(exc.options), f"{group}={{}}"):  # as a misspelt key gets its own
+            return f"unknown {group} '{name}': {guess} (choose one of {options})"
+        return f"unknown {group} '{name}': choose one of {options}"
     cause = innermost(exc)
     full_key = getattr(cause, "full_key", None)
     if isinstance(cause, ValidationError) and full_key:
         hint = field_type(cause.object_type, str(cause.key))
         if hint is not None:
-            return f"{full_key} must be {describe(hint)}, got {cause.value!r}"
+            guess = did_you_mean(cause.value, [m.value for m in enum_of(hint) or ()])
+            return f"{full_key} must be {describe(hint)}, got {cause.value!r}" + (f"; {guess}" if guess else "")
     if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and isinstance(cause.parent_node, DictConfig):
         culprit = [o for o in overrides if key_of(o) == full_key or key_of(o).startswith(f"{full_key}.")]
         if str(full_key).startswith("sampler.") and culprit:

@@ -13,7 +13,7 @@ from lmtrain.data.vocab import Vocabulary
 from lmtrain.training.build import build_model
 from lmtrain.training.library_logs import quiet_libraries
 from lmtrain.training.loggers import build_loggers
-from lmtrain.training.loggers.wandb_run import finish_wandb
+from lmtrain.training.loggers.wandb_run import finish_wandb, resumed_from, sync_line
 from lmtrain.training.rng import seed_run, set_rng_states
 from lmtrain.training.run_folder import (
     add_results,
@@ -54,6 +54,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     resume_id = prepare_resume(ckpt, module.signature, run_dir) if ckpt is not None else None
     if ckpt is None and cfg.get("init_from"):  # the finetune stage: a fresh fit from another run's weights
         load_initial_weights(Path(str(cfg.init_from)).expanduser().resolve(), module)
+    resumed_from([ckpt.parent.parent] if ckpt is not None and ckpt.parent.name == "checkpoints" else [])
 
     name = run_name(cfg, output_choice, overrides)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -72,7 +73,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     except TrainingStopped as stop:  # last.ckpt written, Lightning closed the loggers: end the W&B run, exit
         offline_wandb = finish_wandb(exit_code=stop.status)
         if offline_wandb is not None and trainer.is_global_zero:
-            print(f"lmtrain: W&B run saved offline; upload it with: wandb sync {offline_wandb}", flush=True)
+            print(sync_line(offline_wandb), flush=True)
         # other ranks exit 0: Lightning's launcher kills every process when a child exits with another status
         raise SystemExit(stop.status if trainer.is_global_zero else 0) from None
 
@@ -91,6 +92,6 @@ def train(cfg: DictConfig) -> dict[str, float]:
     offline_wandb = finish_wandb()
     if trainer.is_global_zero:
         if offline_wandb is not None:
-            print(f"lmtrain: W&B run saved offline; upload it with: wandb sync {offline_wandb}", flush=True)
+            print(sync_line(offline_wandb), flush=True)
         print(result_line(metrics, run_dir), flush=True)
     return metrics

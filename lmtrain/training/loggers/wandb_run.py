@@ -9,6 +9,10 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+# the run folders of the checkpoint this process's run resumed, when another folder (``resumed_from``): their
+# wandb/ folders hold the earlier offline segments of its W&B run
+EARLIER: list[Path] = []
+
 
 def wandb_settings(cfg: DictConfig, output_choice: str | None) -> dict[str, Any]:
     """wandb.init arguments: group (cfg.group, else the sweep folder in a multirun) and job type (the strategy)."""
@@ -44,3 +48,19 @@ def finish_wandb(exit_code: int = 0) -> Path | None:
     folder = Path(run.dir).resolve().parent if run.settings.mode == "offline" else None  # run.dir: its files/
     run.finish(exit_code=exit_code)
     return folder
+
+
+def resumed_from(folders: list[Path]) -> None:
+    """The run folders whose wandb/ holds earlier offline segments of this process's run (none: a fresh run, or
+    one resumed in its own folder, whose segments lie beside its own)."""
+    EARLIER[:] = folders
+
+
+def sync_line(folder: Path) -> str:
+    """The one line that uploads an offline run whose newest segment is ``folder``: ``wandb sync`` with every
+    offline segment of the run (a resumed run adds one per start, all under the same run id), oldest first."""
+    run_id = folder.name.rsplit("-", 1)[-1]
+    places = [folder.parent, *(run / "wandb" for run in EARLIER)]
+    found = {p.resolve() for place in places for p in place.glob(f"offline-run-*-{run_id}") if p.is_dir()}
+    segments = sorted(found | {folder.resolve()}, key=lambda p: p.name)  # offline-run-YYYYMMDD_HHMMSS-ID
+    return f"lmtrain: W&B run saved offline; upload it with: wandb sync {' '.join(map(str, segments))}"
