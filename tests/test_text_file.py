@@ -100,3 +100,14 @@ def test_paths_that_are_no_corpus_get_one_true_line_through_the_command_line(pat
     else:  # a folder without some splits; LMTRAIN_DATA_DIR does nothing for data=text (no path: test_cli.py)
         assert "part is missing valid.txt, test.txt" in line and "one text file" in line
         assert "LMTRAIN_DATA_DIR" not in line
+
+
+def test_generate_and_score_read_text_as_the_run_cut_it():
+    import torch
+
+    from lmtrain.data.vocab import Vocabulary
+
+    words = ["a", "rose", ".", EOS, "<unk>"]
+    punctuation = Vocabulary(words, torch.ones(5, dtype=torch.long), Words.punctuation.split)
+    assert punctuation.encode("a rose.") == ([0, 1, 2, 3], 0)
+    assert Vocabulary(words, torch.ones(5, dtype=torch.long)).encode("a rose.") == ([0, 4, 3], 1)

@@ -126,11 +126,11 @@ def load_trained(ckpt_path: str, data_overrides: list[str], device: str = "auto"
     saved = read_checkpoint(ckpt)
     cfg = run_config(ckpt, data_overrides)
     words = Words(str(cfg.data.get("tokenizer") or Words.whitespace))  # how the run cut its text into words
-    vocab, train_ids = Vocabulary.read(ckpt.parent.parent, words), None
+    vocab, train_ids = Vocabulary.read(ckpt.parent.parent, words.split), None
     if vocab is None or needs_train_ids(cfg):
         datamodule = instantiate(cfg.data)
         datamodule.setup()
-        rebuilt, train_ids = Vocabulary(datamodule.vocab, datamodule.counts, words), datamodule.train_ids
+        rebuilt, train_ids = Vocabulary(datamodule.vocab, datamodule.counts, words.split), datamodule.train_ids
         if vocab is not None and (vocab.words != rebuilt.words or not torch.equal(vocab.counts, rebuilt.counts)):
             raise DataError(f"the data of {ckpt.parent.parent} no longer gives the vocabulary in its {VOCAB_FILE}")
         vocab = vocab or rebuilt
