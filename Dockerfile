@@ -16,6 +16,7 @@ RUN pip install --no-cache-dir torch==2.13.0 --index-url https://download.pytorc
 COPY pyproject.toml README.md ./
 COPY lmtrain ./lmtrain
 COPY conf ./conf
+COPY hydra_plugins ./hydra_plugins
 COPY scripts ./scripts
 # a non-editable install: the Hydra config tree conf/ ships inside the package as lmtrain/conf; outputs/, multirun/
 # and data/ are the mount points, and HOME (W&B settings, the Hugging Face download cache) is writable by any uid

@@ -21,7 +21,7 @@ NEEDS_NO_GPU = pytest.mark.skipif(torch.cuda.is_available() or torch.backends.mp
         (["trainer.max_epochs=abc"], "trainer.max_epochs must be an integer or null, got 'abc'"),
         (["++foo=1"], "unknown key foo (the top level takes callbacks, checkpoint_every_minutes, "),
         (["trainer.max_epoch=1"], "unknown key trainer.max_epoch: did you mean trainer.max_epochs?"),
-        (["data=text", "data.path=DOES/NOT/EXIST", "logger=csv"], "corpus folder"),
+        (["data=text", "data.path=DOES/NOT/EXIST", "logger=csv"], "DOES/NOT/EXIST does not exist: set it to a folder"),
         (["ckpt_path=missing.ckpt", "data=synthetic", "logger=csv"], "missing.ckpt does not exist"),
         (["output=rffx"], "unknown output 'rffx': did you mean output=rff? (choose one of"),
         pytest.param(

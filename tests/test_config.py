@@ -82,7 +82,8 @@ def test_config_tree_ships_as_package_data():
     shipped = {path for pattern in setuptools["package-data"]["lmtrain.conf"] for path in CONF_DIR.glob(pattern)}
     tree = {path for path in CONF_DIR.rglob("*") if path.is_file() and "__pycache__" not in path.parts}
     assert sorted(p.relative_to(CONF_DIR) for p in tree - shipped) == []
-    packages = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "lmtrain").rglob("__init__.py")}
+    inits = [*(ROOT / "lmtrain").rglob("__init__.py"), *(ROOT / "hydra_plugins").rglob("__init__.py")]
+    packages = {".".join(p.parent.relative_to(ROOT).parts) for p in inits}
     assert sorted(setuptools["packages"]) == sorted(packages | {"lmtrain.conf"})
 
 

@@ -8,7 +8,7 @@ import matplotlib.image
 import pytest
 from hydra import compose, initialize_config_dir
 
-from lmtrain.cli.failures import run_guarded
+from lmtrain.cli.failures import SweepStopped, run_guarded
 from lmtrain.config import CONF_DIR
 from lmtrain.tools.run_records import read_metrics
 from lmtrain.training.run import train
@@ -98,8 +98,9 @@ def test_multirun_gives_one_wandb_run_per_job_and_a_summary(tmp_path):
 
 
 @pytest.mark.parametrize("failure", ["known", "unexpected"])
-def test_a_failing_sweep_job_is_marked_failed_in_wandb_and_returns(tiny_config, tmp_path, monkeypatch, failure):
-    """In a multirun any failure (a known one or an unexpected exception) ends only its job, marked failed."""
+def test_a_failing_sweep_job_is_marked_failed_in_wandb(tiny_config, tmp_path, monkeypatch, failure):
+    """In a multirun a NaN loss ends only its job and an unexpected exception stops the sweep; both mark the job's
+    W&B run failed."""
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setattr("lmtrain.cli.failures.in_multirun", lambda: True)
     breaks = {
@@ -107,7 +108,11 @@ def test_a_failing_sweep_job_is_marked_failed_in_wandb_and_returns(tiny_config, 
         "unexpected": ["+callbacks.crash._target_=tests.helpers.CrashAtStep", "+callbacks.crash.step=2"],
     }[failure]
     cfg = tiny_config("logger=wandb", "trainer.max_steps=30", "data.train_tokens=10000", *breaks)
-    assert run_guarded(train, cfg) is None  # no exception, no exit: the sweep goes on
+    if failure == "known":
+        assert run_guarded(train, cfg) is None  # no exception, no exit: the sweep goes on
+    else:
+        with pytest.raises(SweepStopped):
+            run_guarded(train, cfg)
     [folder] = (tmp_path / "run" / "wandb").glob("offline-run-*")
     assert the(wandb_records(folder), "exit").exit_code == 1
 

@@ -14,10 +14,11 @@ from typing import Any
 from hydra.errors import ConfigCompositionException, OverrideParseException, SearchPathException
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
-from lmtrain.cli.failures import fail
+from lmtrain.cli.failures import SweepStopped, fail
 from lmtrain.config import composer, explain
 from lmtrain.config.callback import ConfigRefused
 from lmtrain.config.explain import innermost, one_line
+from lmtrain.config.sweep import as_sweep
 
 # raised by Hydra before it writes anything: composing the config (MissingConfigException is one), reading the
 # overrides, finding --config-dir
@@ -31,10 +32,15 @@ SWEEP_HINT = (
 def run_app(app: Callable[[], Any]) -> None:
     """Run ``app``, a ``@hydra.main`` function over conf/train.yaml; a refused command line ends in one line."""
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises its errors instead of printing them and exiting with 1
+    if hydra_arguments(sys.argv[1:]).multirun:  # a fixed sampler.KEY=VALUE: for the jobs whose sampler takes it
+        sys.argv[1:] = as_sweep(sys.argv[1:])
     try:
         app()
     except ConfigRefused as refused:  # lmtrain's checks of the config Hydra composed
         fail(str(refused))
+    except SweepStopped as stopped:  # a sweep job that failed: the jobs after it do not run
+        print(f"lmtrain: error: {stopped.line}", file=sys.stderr)
+        sys.exit(stopped.code)
     except REFUSALS as exc:
         fail(refusal(exc))
 

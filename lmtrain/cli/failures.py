@@ -29,6 +29,26 @@ class RunFolder:
     parents: int = 0
 
 
+class SweepStopped(BaseException):  # noqa: N818 (it travels like SystemExit)
+    """A sweep job's failure that stops the sweep: Hydra's launchers catch a job's ``Exception`` and go on to the
+    next job, so it travels as a BaseException up to lmtrain's entry (``lmtrain.cli.app``), which prints ``line``
+    and exits with ``code`` (2: a mistake in the job's input, 1: an unexpected error, logged with its traceback)."""
+
+    def __init__(self, line: str, code: int) -> None:
+        super().__init__(line)
+        self.line, self.code = line, code
+
+
+def this_job() -> str:
+    """'job N (its overrides)' of the running sweep job."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():  # called outside Hydra's app (a test)
+        return "a sweep job"
+    job = HydraConfig.get()
+    return f"job {job.job.num} ({' '.join(job.overrides.task)})"
+
+
 def fail(message: str) -> None:
     print(f"lmtrain: error: {message}", file=sys.stderr)
     sys.exit(2)
@@ -51,10 +71,11 @@ def in_multirun() -> bool:
 def run_guarded(
     train: Callable[[DictConfig], dict[str, float]], cfg: DictConfig, folder: RunFolder | None = None
 ) -> dict[str, float] | None:
-    """Run `train`; a failure marks the W&B run failed. A known failure prints one line (single run: exit 2);
-    in a sweep every failure ends only its job (logged, with the traceback for unknown ones) and the sweep goes on.
-    A single run that failed before it wrote anything of value removes its run folder (see ``RunFolder``). Under
-    DDP only rank 0 prints the line, and no rank removes the folder the others write into."""
+    """Run `train`; a failure marks the W&B run failed. A known failure prints one line (single run: exit 2). In a
+    sweep a NaN loss ends only its job (logged) and the sweep goes on; any other failure stops the sweep
+    (``SweepStopped``: one line naming the job, exit 2, or exit 1 after the traceback for an unexpected one).
+    A run or job that failed before it wrote anything of value removes its folder (see ``RunFolder``). Under DDP
+    only rank 0 prints the line, and no rank removes the folder the others write into."""
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
     from lmtrain.config.machine import ddp_child, several_processes
@@ -77,8 +98,14 @@ def run_guarded(
             kept = f"the last good checkpoint is {last}" if last.is_file() else "no checkpoint had been written yet"
             message += f"; {kept}"
         if in_multirun():
-            log.error("job failed: %s", message, exc_info=None if known else exc)
-            return None
+            if isinstance(cause, NonFiniteLossError):  # a result of training, not a mistake: the sweep goes on
+                log.error("job failed: %s", message)
+                return None
+            if not known:
+                log.error("job failed: %s", message, exc_info=exc)
+            if folder is not None:  # a job folder created by this call, with nothing of value
+                discard_run_folder(run_dir, RunFolder(folder.started, own=True))
+            raise SweepStopped(f"{this_job()} failed, so the sweep stops: {message}", 2 if known else 1) from exc
         if ddp_child():
             end_rank(message, known, launcher)
         alone = not several_processes()  # else the other ranks may still write into the folder

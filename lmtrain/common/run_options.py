@@ -3,6 +3,7 @@ slot per group; the schema ``schema/train`` that conf/train.yaml extends (``lmtr
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,3 +59,29 @@ class RunConfig:
     optim: Any = None
     trainer: Any = None
     logger: Any = None
+
+    @staticmethod
+    def problems(node: Any, path: str) -> Iterator[str]:
+        """The config check's rule across groups: a sampler only beside an output that takes one (a sampler key
+        forced into every job of a sweep, ``++sampler.KEY``, would otherwise fail only when its job starts)."""
+        from hydra.utils import get_class
+
+        sampler, output = node.get("sampler"), node.get("output")
+        if sampler is None or output is None:
+            return
+        try:
+            part = get_class(str(output._target_))
+            chosen = get_class(str(sampler._target_)) if sampler.get("_target_") else None
+        except Exception:  # no such class: the check of the part's own keys says so
+            return
+        if "sampler" in getattr(part, "runtime_args", ("sampler",)):
+            return
+        name = getattr(part, "name", part.__name__)
+        if chosen is not None:
+            sampler_name = getattr(chosen, "name", chosen.__name__)
+            yield f"output={name} takes no sampler, but the config chooses sampler={sampler_name}: leave it out"
+        else:
+            keys = ", ".join(f"sampler.{key}" for key in sampler) or "sampler"
+            yield f"output={name} takes no sampler, but the config sets {keys}: leave it out (in a sweep a " + (
+                "sampler.KEY=VALUE without + or ++ goes only to the jobs whose sampler takes it)"
+            )

@@ -16,10 +16,13 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from lmtrain.config.explain import explain
+from lmtrain.config.explain import explain, sampler_takers
 from lmtrain.config.machine import check_machine, check_output_folder, ddp_child
 from lmtrain.config.schema import RENAMED
+from lmtrain.config.sweep import SAMPLER, scope_jobs, top_of, unused_key
 from lmtrain.config.validate import ConfigError, check_config
+
+SCOPED_SWEEPER = ".ScopedSweeper"  # lmtrain's sweeper (hydra_plugins/lmtrain_sweeper)
 
 
 class ConfigRefused(BaseException):  # noqa: N818 (it travels like SystemExit)
@@ -53,9 +56,12 @@ class CheckConfig(Callback):
 
 
 def check_sweep(config: DictConfig) -> None:
-    """Every job of a sweep of Hydra's basic sweeper (the primary config for another sweeper, which chooses its
-    jobs as it goes): ConfigError naming the first job that fails."""
-    if not str(config.hydra.sweeper.get("_target_")).endswith(".BasicSweeper"):
+    """Every job of a sweep of Hydra's basic sweeper or lmtrain's (the primary config for another sweeper, which
+    chooses its jobs as it goes): ConfigError naming the first job that fails. With lmtrain's sweeper a sampler key
+    goes only to the jobs whose sampler takes it (``lmtrain.config.sweep``): one line on stderr names the jobs that
+    run without it, and a key that no job takes is refused."""
+    target = str(config.hydra.sweeper.get("_target_"))
+    if not target.endswith((".BasicSweeper", SCOPED_SWEEPER)):
         check_config(without_hydra(config))
         check_machine(without_hydra(config))
         return
@@ -67,6 +73,14 @@ def check_sweep(config: DictConfig) -> None:
     def compose(overrides: list[str], hydra: bool = False) -> DictConfig:
         return loader.load_configuration(str(config.hydra.job.config_name), overrides, RunMode.RUN)
 
+    if target.endswith(SCOPED_SWEEPER):
+        scoped = scope_jobs(jobs, lambda job: loader.load_sweep_config(config, job))
+        for key in scoped.unused():
+            others = [o for o in jobs[0] if not o.startswith(SAMPLER)]
+            raise ConfigError(unused_key(key, scoped, sampler_takers(top_of(key), others, compose)))
+        for note in scoped.notes():
+            sys.stderr.write(f"lmtrain: {note}\n")
+        jobs = scoped.jobs
     for number, job in enumerate(jobs):
         try:
             task = without_hydra(loader.load_sweep_config(config, list(job)))

@@ -65,15 +65,12 @@ def missing_key(full_key: str, node: DictConfig, culprit: list[str]) -> str:
 
 def sampler_option(key: str, others: list[str], compose: Compose) -> str:
     """``sampler.KEY`` that the chosen strategy's sampler lacks: a close key, or the strategies that take it."""
-    from hydra.core.global_hydra import GlobalHydra
-
     option, top = key.split(".", 1)[1], key.split(".")[1]
     others = [o for o in others if not key_of(o).startswith("sampler.")]  # another sampler key may not fit either
     reference = compose(others, hydra=True)
     output = reference.hydra.runtime.choices.get("output")
     known = sorted(str(k) for k in (reference.get("sampler") or {}) if not str(k).startswith("_"))
-    outputs = GlobalHydra.instance().config_loader().get_group_options("output")
-    takers = [o for o in outputs if top in (compose([*others, f"output={o}"]).get("sampler") or {})]
+    takers = sampler_takers(top, others, compose)
     if not takers and known:  # no strategy's sampler has it: a typo of one of the chosen sampler's keys
         import difflib
 
@@ -83,6 +80,16 @@ def sampler_option(key: str, others: list[str], compose: Compose) -> str:
     return f"sampler.{option} is not an option of output={output}; " + (
         f"it applies to output={'|'.join(takers)}" if takers else "no sampler takes it"
     )
+
+
+def sampler_takers(top: str, others: list[str], compose: Compose) -> list[str]:
+    """The outputs whose sampler has the key ``top`` (each composed with ``others``, its output and sampler left
+    out)."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    others = [o for o in others if key_of(o) not in ("output", "sampler")]
+    outputs = GlobalHydra.instance().config_loader().get_group_options("output")
+    return [o for o in outputs if top in (compose([*others, f"output={o}"]).get("sampler") or {})]
 
 
 def innermost(exc: BaseException) -> BaseException:

@@ -86,6 +86,9 @@ def register() -> None:
         schemas[f"{cls.group}/{cls.name}"] = schema_of(cls)
         if not (lmtrain.CONF_DIR / cls.group / f"{cls.name}.yaml").is_file():
             store(group=cls.group, name=cls.name, node=option_of(cls))
+    # lmtrain's sweeper (conf/train.yaml's hydra/sweeper): Hydra's basic one, scoping sampler keys (config/sweep.py)
+    sweeper = {"_target_": "hydra_plugins.lmtrain_sweeper.scoped_sweeper.ScopedSweeper", "max_batch_size": None}
+    store(group="hydra/sweeper", name="lmtrain", node={**sweeper, "params": None}, provider="lmtrain")
     for old, new in RENAMED.items():
         schemas[old.removeprefix("schema/")] = schemas[new.removeprefix("schema/")]
     for path, node in schemas.items():

@@ -16,8 +16,8 @@ from lmtrain.data.batching import StreamLoader, StreamSampler, WindowDataset, ba
 from lmtrain.data.corpus import Corpus
 from lmtrain.data.options import BatchOptions, SyntheticDataOptions, TextOptions, ZipfDataOptions
 from lmtrain.data.synthetic import synthetic_corpus
-from lmtrain.data.text import ensure_corpus, hub_source
-from lmtrain.data.tokenizer import load_corpus
+from lmtrain.data.text import ensure_corpus, hub_source, note_split_folder
+from lmtrain.data.tokenizer import Words, load_corpus
 from lmtrain.data.window_lengths import window_lengths
 from lmtrain.data.zipf_topics import zipf_topic_corpus
 
@@ -145,7 +145,8 @@ class LMDataModule(L.LightningDataModule, Part):
 
 
 class TextDataModule(LMDataModule):
-    """A word-level corpus from ``path`` or ``root/name`` holding train.txt, valid.txt, test.txt.
+    """A word-level corpus from ``path`` or ``root/name``: a folder holding train.txt, valid.txt, test.txt, or one
+    text file split by lines (the last 5% test, the 5% before valid).
 
     Missing files are downloaded when ``hub_dataset`` is set (see :mod:`lmtrain.data.text`); token
     ids are cached under ``cache_dir`` (``None`` or "" disables the cache). Relative paths are taken
@@ -160,13 +161,17 @@ class TextDataModule(LMDataModule):
         super().__init__(opts)
         self.corpus_name = name = opts.name
         root, path, cache_dir = opts.root, opts.path, opts.cache_dir
-        self.folder = Path(to_absolute_path(str(path))) if path else Path(to_absolute_path(str(root))) / name
+        self.path = Path(to_absolute_path(str(path))) if path else Path(to_absolute_path(str(root))) / name
         self.cache_dir = Path(to_absolute_path(str(cache_dir))) if cache_dir else None
         self.source = hub_source(opts.hub_dataset, opts.hub_config, opts.hub_data_files, opts.hub_field)
+        self.words, self.own = Words(opts.tokenizer), bool(path)  # own: data.path names it
 
     def load_corpus(self) -> Corpus:
-        paths = ensure_corpus(self.folder, self.corpus_name, self.source, self.cache_dir)
-        return load_corpus(self.corpus_name, paths, self.cache_dir)
+        if self.path.is_file():  # one file of text, split by lines
+            note_split_folder(self.path)
+            return load_corpus(self.corpus_name, self.path, self.cache_dir, self.words)
+        paths = ensure_corpus(self.path, self.corpus_name, self.source, self.cache_dir, own=self.own)
+        return load_corpus(self.corpus_name, paths, self.cache_dir, self.words)
 
 
 class SyntheticDataModule(LMDataModule):

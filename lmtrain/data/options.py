@@ -10,6 +10,7 @@ from typing import Any
 
 from lmtrain.common.ranges import AT_LEAST_1, Checked
 from lmtrain.data.synthetic import SyntheticOptions
+from lmtrain.data.tokenizer import Words
 from lmtrain.data.zipf_topics import ZipfTopicOptions
 
 
@@ -35,14 +36,16 @@ class BatchOptions(Checked):
 
 @dataclass
 class TextOptions(BatchOptions):
-    """A word-level corpus in ``path``, or else ``root/name``, holding train.txt, valid.txt and test.txt; missing
-    files are downloaded when ``hub_dataset`` is set (``lmtrain.data.text``). Relative paths are taken from the
-    folder the program was started in. ``data=text`` is a folder of your own (``data.path=DIR``, which the config
-    check requires); the public corpora (``data=ptb``, ...) are presets that name theirs under ``root``."""
+    """A word-level corpus in ``path``, or else ``root/name``: a folder holding train.txt, valid.txt and test.txt
+    (missing files are downloaded when ``hub_dataset`` is set, ``lmtrain.data.text``), or one text file, split by
+    lines (``lmtrain.data.tokenizer.split_lines``). Relative paths are taken from the folder the program was started
+    in. ``data=text`` is text of your own (``data.path=DIR`` or ``FILE``, which the config check requires); the
+    public corpora (``data=ptb``, ...) are presets that name theirs under ``root``."""
 
     name: str = "text"  # the corpus: the folder root/name, and the key of its cached token ids
     root: str = field(default="data", metadata={"follows": "oc.env:LMTRAIN_DATA_DIR,data"})  # a config's: that env
-    path: str | None = None  # the corpus folder; None: root/name
+    path: str | None = None  # the corpus folder, or one file to split by lines; None: root/name
+    tokenizer: Words = Words.whitespace  # words cut at whitespace only, or with punctuation split off
     hub_dataset: str | None = None  # "text" (plain files from hub_data_files) or a Hugging Face dataset name
     hub_config: str | None = None
     hub_data_files: dict[str, str] | None = None  # split -> URL or file pattern

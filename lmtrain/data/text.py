@@ -1,4 +1,5 @@
-"""Folder corpora: ``<folder>/{train,valid,test}.txt``, downloaded with ``datasets`` when missing.
+"""Folder corpora: ``<folder>/{train,valid,test}.txt``, downloaded with ``datasets`` when missing (a corpus that is
+one file is split by lines in ``lmtrain.data.tokenizer``).
 
 Where a corpus comes from is data in its config (``hub_dataset``, ``hub_config``, ``hub_data_files``,
 ``hub_field``), passed to :func:`datasets.load_dataset`; nothing here is keyed by corpus name.
@@ -113,32 +114,44 @@ def download(source: HubSource, folder: Path, cache_dir: Path | None, name: str 
     log.info("downloaded %s into %s", source.dataset, folder)
 
 
-def ensure_corpus(folder: Path, name: str, source: HubSource | None, cache_dir: Path | None) -> dict[str, Path]:
+def ensure_corpus(
+    folder: Path, name: str, source: HubSource | None, cache_dir: Path | None, own: bool = False
+) -> dict[str, Path]:
     """Paths of the three split files in ``folder``, downloading them first when all are missing.
 
-    A folder missing only some splits, or with an empty file, is an error (sources are never mixed).
+    A folder missing only some splits, or with an empty file, is an error (sources are never mixed). ``own``: the
+    folder is ``data.path`` (not ``LMTRAIN_DATA_DIR``'s), which the messages name.
     """
     paths = split_paths(folder)
     missing = [f"{s}.txt" for s, p in paths.items() if not p.is_file()]
     files = ", ".join(f"{s}.txt" for s in SPLITS)
+    one_file = "or set data.path to one text file, which is split by lines (the last 5% test, the 5% before valid)"
     if len(missing) == len(SPLITS):
+        if source is None and own and not folder.exists():
+            raise DataError(f"data.path {folder} does not exist: set it to a folder holding {files}, {one_file}")
         if source is None:
             state = "does not exist" if not folder.is_dir() else f"holds none of {files}"
             raise DataError(
-                f"corpus folder {folder} {state}, and data={name} has no download: put {files} there, or point "
-                "data.path at a folder that has them (or use data=ptb|wikitext2|wikitext103|synthetic)."
+                f"corpus folder {folder} {state}, and data={name} has no download: put {files} there, {one_file} "
+                "(or use data=ptb|wikitext2|wikitext103|synthetic)."
             )
         download(source, folder, cache_dir, name)
     elif missing:
-        raise DataError(
-            f"corpus folder {folder} is missing {', '.join(missing)}: put {files} there or set LMTRAIN_DATA_DIR"
-        )
+        where = one_file if own else f"or set LMTRAIN_DATA_DIR to a folder that holds {folder.name}/"
+        raise DataError(f"corpus folder {folder} is missing {', '.join(missing)}: put {files} there, {where}")
     for path in paths.values():
         if path.stat().st_size == 0:
             raise DataError(
                 f"data file {path} is empty: put the {path.stem} split there as text, one sentence per line."
             )
     return paths
+
+
+def note_split_folder(path: Path) -> None:
+    """A warning when ``path``, a file split by lines, is a folder's train.txt beside its valid.txt and test.txt."""
+    if path.name == "train.txt" and all(p.is_file() for p in split_paths(path.parent).values()):
+        log.warning("splitting the file %s by lines; data.path=%s would read its folder's three splits", path,
+                    path.parent)  # fmt: skip
 
 
 def hub_source(

@@ -1,13 +1,20 @@
-"""Word-level tokenizer (``tokenizers`` WordLevel + WhitespaceSplit) and the on-disk token-id cache.
+"""Word-level tokenizer (``tokenizers`` WordLevel) and the on-disk token-id cache.
 
-Vocabulary: every whitespace-separated train token plus ``<eos>``, ordered by descending train count,
+Words (``data.tokenizer``, ``Words``): ``whitespace`` cuts a line at whitespace only (``tokenizers``' WhitespaceSplit);
+``punctuation`` also splits punctuation off (its ``Whitespace`` pre-tokenizer: runs of letters, digits and ``_`` are
+words, every run of other non-space characters is a token of its own, so ``rose.`` is ``rose`` and ``.``).
+
+Vocabulary: every train word plus ``<eos>``, ordered by descending train count,
 ties broken by first occurrence in the train stream (``<eos>`` first occurs at the end of line 1).
 ``<eos>`` is appended to every line, empty lines included; tokens of valid/test that train lacks map to
 ``<unk>``, which is appended with count 0 when train has none. The ASCII separators U+001C..U+001F,
 whitespace for Python but not for ``tokenizers``, are read as spaces so both agree.
 
+One file of text is split by lines into contiguous blocks (``split_lines``): the last 5% of its lines (at least
+one) are test, the 5% before them valid, the rest train.
+
 Cache: ``cache_dir/<name>-<key>/`` with ``{train,valid,test}.npy`` (int32 ids), ``tokenizer.json``,
-``vocab.txt`` and ``meta.json``; ``key`` hashes the three files' sha256 and the settings below. Every
+``vocab.txt`` and ``meta.json``; ``key`` hashes the files' sha256 and the settings below. Every
 file is written to a temporary name and moved into place, ``meta.json`` last, so a killed run
 leaves no cache that a later run would trust.
 """
@@ -27,6 +34,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
+from lmtrain.common.ranges import Choice
 from lmtrain.data.corpus import Corpus
 from lmtrain.data.errors import DataError
 
@@ -37,6 +45,28 @@ SETTINGS = {"format": 1, "model": "WordLevel", "split": "WhitespaceSplit", "eos"
             "order": "count desc, first occurrence", "separators_1c_1f": "space"}  # fmt: skip
 ENCODE_CHUNK = 100_000  # lines per encode_batch call (bounds memory on WikiText-103)
 _SEPARATORS = {c: " " for c in range(0x1C, 0x20)}
+PUNCTUATION = pre_tokenizers.Whitespace()  # the regex \w+|[^\w\s]+: words, and runs of other non-space characters
+HELD_OUT = 20  # one file split by lines: 1/20 of them (5%, at least one line) valid, as many test, the rest train
+
+
+class Words(Choice):
+    """How a line is cut into words (``data.tokenizer``)."""
+
+    whitespace = "whitespace"  # at whitespace only: ``rose.`` is one word
+    punctuation = "punctuation"  # punctuation split off too: ``rose.`` is ``rose`` and ``.``
+
+    def pre_tokenizer(self) -> pre_tokenizers.PreTokenizer:
+        return pre_tokenizers.WhitespaceSplit() if self is Words.whitespace else PUNCTUATION
+
+    def split(self, line: str) -> list[str]:
+        """The words of ``line``, as the tokenizer cuts them."""
+        if self is Words.whitespace:  # Python's split agrees with WhitespaceSplit (see the separators above)
+            return line.split()
+        return [word for word, _ in PUNCTUATION.pre_tokenize_str(line)]
+
+    def settings(self) -> dict[str, str | int]:
+        """The tokenizer settings the cache key hashes (whitespace: as before this option existed)."""
+        return SETTINGS if self is Words.whitespace else {**SETTINGS, "split": "Whitespace"}
 
 
 def read_lines(path: Path) -> list[str]:
@@ -46,7 +76,8 @@ def read_lines(path: Path) -> list[str]:
     except UnicodeDecodeError as err:
         raise DataError(f"data file {path} is not UTF-8 text ({err.reason}): convert it to UTF-8.") from err
     if not text.strip():
-        raise DataError(f"data file {path} has no tokens: put the {path.stem} split there, one sentence per line.")
+        what = f"the {path.stem} split" if path.stem in ("train", "valid", "test") else "text"
+        raise DataError(f"data file {path} has no tokens: put {what} there, one sentence per line.")
     return text_lines(text)
 
 
@@ -60,22 +91,32 @@ def text_lines(text: str) -> list[str]:
     return lines
 
 
-def build_vocab(lines: list[str]) -> list[str]:
+def split_lines(lines: list[str], path: Path) -> dict[str, list[str]]:
+    """The lines of one file as train, valid and test: contiguous blocks, valid and test 1/HELD_OUT of the lines
+    each (at least one), at the end of the file."""
+    held = max(1, len(lines) // HELD_OUT)
+    if len(lines) < 3:
+        raise DataError(f"data file {path} has {len(lines)} line(s): splitting it into train, valid and test needs 3 "
+                        "or more (the last 5% test, the 5% before them valid)")  # fmt: skip
+    return {"train": lines[: -2 * held], "valid": lines[-2 * held : -held], "test": lines[-held:]}
+
+
+def build_vocab(lines: list[str], words: Words = Words.whitespace) -> list[str]:
     """Train vocabulary with ``<eos>`` (and ``<unk>``), by descending count then first occurrence."""
-    counter = Counter(lines[0].split())  # Counter keeps first-insertion order; sorting below is stable
+    counter = Counter(words.split(lines[0]))  # Counter keeps first-insertion order; sorting below is stable
     counter[EOS] += len(lines)
-    counter.update(itertools.chain.from_iterable(line.split() for line in lines[1:]))
+    counter.update(itertools.chain.from_iterable(words.split(line) for line in lines[1:]))
     vocab = sorted(counter, key=lambda w: -counter[w])
     if UNK not in counter:
         vocab.append(UNK)
     return vocab
 
 
-def make_tokenizer(vocab: list[str]) -> Tokenizer:
+def make_tokenizer(vocab: list[str], words: Words = Words.whitespace) -> Tokenizer:
     """WordLevel tokenizer over ``vocab`` (ids = positions) that appends ``<eos>`` to every sequence."""
     ids = {word: i for i, word in enumerate(vocab)}
     tokenizer = Tokenizer(models.WordLevel(ids, unk_token=UNK))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.pre_tokenizer = words.pre_tokenizer()
     tokenizer.post_processor = processors.TemplateProcessing(single=f"$A {EOS}", special_tokens=[(EOS, ids[EOS])])
     return tokenizer
 
@@ -99,9 +140,9 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def cache_key(hashes: dict[str, str]) -> str:
+def cache_key(hashes: dict[str, str], settings: dict[str, str | int] = SETTINGS) -> str:
     """Short hex key of the split files' sha256 and the tokenizer settings."""
-    blob = json.dumps({"files": hashes, "settings": SETTINGS}, sort_keys=True).encode()
+    blob = json.dumps({"files": hashes, "settings": settings}, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
@@ -111,11 +152,17 @@ def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     os.replace(tmp, path)
 
 
-def tokenize_files(paths: dict[str, Path]) -> tuple[list[str], Tokenizer, dict[str, np.ndarray]]:
-    """Build the vocabulary from train and encode the three splits: (vocab, tokenizer, split -> ids)."""
-    texts = {split: read_lines(path) for split, path in paths.items()}
-    vocab = build_vocab(texts["train"])
-    tokenizer = make_tokenizer(vocab)
+def tokenize_files(
+    paths: dict[str, Path] | Path, words: Words = Words.whitespace
+) -> tuple[list[str], Tokenizer, dict[str, np.ndarray]]:
+    """Build the vocabulary from train and encode the three splits (three files, or one split by lines):
+    (vocab, tokenizer, split -> ids)."""
+    if isinstance(paths, Path):
+        texts = split_lines(read_lines(paths), paths)
+    else:
+        texts = {split: read_lines(path) for split, path in paths.items()}
+    vocab = build_vocab(texts["train"], words)
+    tokenizer = make_tokenizer(vocab, words)
     return vocab, tokenizer, {split: encode_lines(tokenizer, lines) for split, lines in texts.items()}
 
 
@@ -141,13 +188,20 @@ def _load(folder: Path, meta: dict) -> tuple[list[str], dict[str, np.ndarray]]:
     return vocab, ids
 
 
-def load_corpus(name: str, paths: dict[str, Path], cache_dir: Path | None) -> Corpus:
-    """Tokenized corpus from three split files, read from ``cache_dir`` when a matching cache exists.
+def load_corpus(
+    name: str, paths: dict[str, Path] | Path, cache_dir: Path | None, words: Words = Words.whitespace
+) -> Corpus:
+    """Tokenized corpus from three split files, or one file split by lines (``split_lines``), read from
+    ``cache_dir`` when a matching cache exists.
 
     ``cache_dir=None`` disables the cache. An unwritable cache only logs a warning.
     """
-    hashes = {split: file_sha256(path) for split, path in paths.items()}
-    folder = cache_dir / f"{name}-{cache_key(hashes)}" if cache_dir is not None else None
+    files = {"lines": paths} if isinstance(paths, Path) else paths  # "lines": one file, split by lines
+    hashes = {split: file_sha256(path) for split, path in files.items()}
+    settings = words.settings()
+    if isinstance(paths, Path):  # the rule that cuts the file is part of what the ids depend on
+        settings = {**settings, "split_lines": f"valid and test 1/{HELD_OUT} each, at the end"}
+    folder = cache_dir / f"{name}-{cache_key(hashes, settings)}" if cache_dir is not None else None
     ids = None
     if folder is not None and (folder / "meta.json").is_file():
         try:
@@ -158,10 +212,10 @@ def load_corpus(name: str, paths: dict[str, Path], cache_dir: Path | None) -> Co
             log.warning("ignoring unreadable cache %s (%s); re-tokenizing", folder, err)
             ids = None
     if ids is None:
-        vocab, tokenizer, ids = tokenize_files(paths)
+        vocab, tokenizer, ids = tokenize_files(paths, words)
         if folder is not None:
-            meta = {"name": name, "files": {s: str(p) for s, p in paths.items()}, "sha256": hashes,
-                    "settings": SETTINGS, "num_classes": len(vocab),
+            meta = {"name": name, "files": {s: str(p) for s, p in files.items()}, "sha256": hashes,
+                    "settings": settings, "num_classes": len(vocab),
                     "lengths": {s: int(len(a)) for s, a in ids.items()}}  # fmt: skip
             try:
                 _save(folder, vocab, tokenizer, ids, meta)

@@ -9,6 +9,7 @@ the run folder alone.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -24,18 +25,19 @@ HEADER = "word\tcount"
 class Vocabulary:
     """Words in id order with their training counts; reads text the way training did.
 
-    A line is its whitespace-separated words followed by ``<eos>`` when the vocabulary has one (text corpora; the
-    synthetic source has no lines and no ``<eos>``). A word outside the vocabulary is read as ``<unk>``; with a
-    vocabulary that has no ``<unk>`` it is an error (DataError).
+    A line is its words (cut as the run's ``data.tokenizer`` cut them) followed by ``<eos>`` when the vocabulary has
+    one (text corpora; the synthetic source has no lines and no ``<eos>``). A word outside the vocabulary is read as
+    ``<unk>``; with a vocabulary that has no ``<unk>`` it is an error (DataError).
     """
 
-    def __init__(self, words: list[str], counts: Tensor) -> None:
+    def __init__(self, words: list[str], counts: Tensor, split: Callable[[str], list[str]] = str.split) -> None:
         if len(words) != counts.numel():
             raise DataError(f"a vocabulary of {len(words)} words needs as many counts, got {counts.numel()}")
         self.words = list(words)
         self.counts = counts.detach().cpu().long().reshape(-1)  # (n,)
         self.index = {word: i for i, word in enumerate(self.words)}
         self.eos, self.unk = self.index.get(EOS), self.index.get(UNK)
+        self.split = split  # a line -> its words (a run's ``Words.split``)
 
     def __len__(self) -> int:
         return len(self.words)
@@ -43,7 +45,7 @@ class Vocabulary:
     def encode(self, line: str) -> tuple[list[int], int]:
         """One line -> (its ids, with ``<eos>`` last when the vocabulary has it; how many words were read as <unk>)."""
         ids, unknown = [], 0
-        for word in line.split():
+        for word in self.split(line):
             i = self.index.get(word)
             if i is None:
                 if self.unk is None:
@@ -69,7 +71,7 @@ class Vocabulary:
         return path
 
     @classmethod
-    def read(cls, folder: Path) -> Vocabulary | None:
+    def read(cls, folder: Path, split: Callable[[str], list[str]] = str.split) -> Vocabulary | None:
         """The vocabulary saved in ``folder`` (a run folder); None when it has none (a run from before it was saved)."""
         path = folder / VOCAB_FILE
         if not path.is_file():
@@ -78,4 +80,5 @@ class Vocabulary:
         rows = [line.split("\t") for line in lines[1:] if line]
         if lines[0] != HEADER or any(len(row) != 2 or not row[1].isdigit() for row in rows):
             raise DataError(f"{path} is not a vocabulary file ({HEADER!r} header, then one word and count a line)")
-        return cls([word for word, _ in rows], torch.tensor([int(count) for _, count in rows], dtype=torch.long))
+        counts = torch.tensor([int(count) for _, count in rows], dtype=torch.long)
+        return cls([word for word, _ in rows], counts, split)

@@ -17,6 +17,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from lmtrain.data.errors import DataError
+from lmtrain.data.tokenizer import Words
 from lmtrain.data.vocab import VOCAB_FILE, Vocabulary
 from lmtrain.training.build import build_model, build_module, needs_train_ids
 from lmtrain.training.checkpoints import CheckpointError, check_compatible, read_checkpoint
@@ -124,11 +125,12 @@ def load_trained(ckpt_path: str, data_overrides: list[str], device: str = "auto"
     ckpt = resolve_checkpoint(Path(ckpt_path).expanduser())
     saved = read_checkpoint(ckpt)
     cfg = run_config(ckpt, data_overrides)
-    vocab, train_ids = Vocabulary.read(ckpt.parent.parent), None
+    words = Words(str(cfg.data.get("tokenizer") or Words.whitespace))  # how the run cut its text into words
+    vocab, train_ids = Vocabulary.read(ckpt.parent.parent, words.split), None
     if vocab is None or needs_train_ids(cfg):
         datamodule = instantiate(cfg.data)
         datamodule.setup()
-        rebuilt, train_ids = Vocabulary(datamodule.vocab, datamodule.counts), datamodule.train_ids
+        rebuilt, train_ids = Vocabulary(datamodule.vocab, datamodule.counts, words.split), datamodule.train_ids
         if vocab is not None and (vocab.words != rebuilt.words or not torch.equal(vocab.counts, rebuilt.counts)):
             raise DataError(f"the data of {ckpt.parent.parent} no longer gives the vocabulary in its {VOCAB_FILE}")
         vocab = vocab or rebuilt
