@@ -153,7 +153,7 @@ def test_configs_build_the_kernel_strategies():
 @pytest.mark.parametrize(
     "make",
     [
-        lambda: CosineSampledSoftmax(300, 8, RFFSampler(D=64, seed=11), num_samples=20),
+        lambda: CosineSampledSoftmax(300, 8, RFFSampler(D=64, seed=11, unigram_share=0.0), num_samples=20),
         lambda: AbsoluteSampledSoftmax(300, 8, QuadraticSampler(leaf_size=4), num_samples=2),
         lambda: AbsoluteSampledSoftmax(300, 8, QuadraticSampler(leaf_size=4), num_samples=2, shared_negatives=True),
     ],
