@@ -17,9 +17,9 @@ class OutputLayer(nn.Module, Part):
     """Maps top-layer hidden states to a training objective and to exact log-probabilities.
 
     ``loss`` is the (possibly surrogate) objective minimised in training; ``log_prob`` is always the
-    exact, normalized log-probability used for perplexity. Subclasses that keep derived state
-    (a sampler tree) refresh it in ``after_optimizer_step``. ``loss`` also receives the input token at each
-    position (the previous word), which the sampled strategies hand to a proposal conditioned on it.
+    exact, normalized log-probability used for perplexity. Subclasses that keep derived state (a sampler tree)
+    refresh it in ``after_optimizer_step`` and rebuild it in ``before_checkpoint``. ``loss`` also receives the input
+    token at each position (the previous word), which the sampled strategies hand to a proposal conditioned on it.
 
     Every loss is one form on every device: fixed shapes, no host syncs (``docs/architecture.md``).
 
@@ -72,6 +72,11 @@ class OutputLayer(nn.Module, Part):
 
     def after_optimizer_step(self) -> None:
         """Called once after every optimizer step; default: nothing to refresh."""
+
+    def before_checkpoint(self) -> None:
+        """Called whenever a checkpoint is written: derived state that the steps keep up to date incrementally is
+        rebuilt from the weights, as loading the checkpoint rebuilds it, so that this process and one resumed from
+        the checkpoint go on from the same state (exact resume). Default: no derived state."""
 
     def sparse_parameters(self) -> list[nn.Parameter]:
         """Parameters whose gradients are sparse row tensors (handled by the sparse optimizer path)."""

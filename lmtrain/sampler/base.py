@@ -26,7 +26,7 @@ class Sampler(nn.Module, Part):
     offer both (the output layer chooses with ``share_negatives``), kernel samplers too (batch-shared: from the
     mixture of the batch's proposals), while softmax and bigram always draw per position.
 
-    Under mixed precision (autocast) ``propose`` and ``update`` of every subclass run in float32
+    Under mixed precision (autocast) ``propose``, ``update`` and ``rebuild`` of every subclass run in float32
     (``lmtrain.common.precision``): log q and a kernel tree's node sums never pass through bfloat16.
     """
 
@@ -39,7 +39,7 @@ class Sampler(nn.Module, Part):
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
-        wrap_methods(cls, ("propose", "update"))
+        wrap_methods(cls, ("propose", "update", "rebuild"))
 
     def propose(self, query: Tensor | None, inputs: Tensor | None = None, targets: Tensor | None = None) -> Proposal:
         """This step's proposal for the queries (N, d'), input tokens (N,) and targets (N,)."""
@@ -53,6 +53,13 @@ class Sampler(nn.Module, Part):
 
     def update(self, weight: Tensor, rows: Tensor | None = None) -> None:
         """Refresh after class embeddings changed; ``rows`` = changed rows, None = all. Default no-op."""
+
+    def rebuild(self, weight: Tensor) -> None:
+        """Derive every piece of state that depends on the class vectors from ``weight`` (n, d') alone. A loaded
+        checkpoint's weights get this, and so do the weights of a running process whenever it writes a checkpoint,
+        so that a process resumed from it draws what the writer draws next. Default: ``update`` with every row
+        changed."""
+        self.update(weight)
 
     def follow(self, weight: Tensor) -> None:
         """The output layer's weight moved (another device or dtype: ``module.to``): samplers that keep a reference

@@ -9,6 +9,7 @@ resolved config on the same device kind, takes a copy of that record instead (``
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
 import re
 import subprocess
@@ -110,13 +111,18 @@ def _trained(folder: Path) -> bool:
 
 
 def _threads(folder: Path) -> int:
-    """The compute threads the run used: its ``threads`` setting, ``auto`` resolved as the run resolved it (the
-    study's ``JOBS_ENV`` is set once, in ``run_study``, for this process and its runs alike)."""
+    """The compute threads the run used: as its run.json records them, else its ``threads`` setting, ``auto``
+    resolved as the run would on an idle machine (the study's ``JOBS_ENV`` is set once, in ``run_study``, for this
+    process and its runs alike)."""
     import yaml
 
+    info = folder / "run.json"
+    used = json.loads(info.read_text()).get("threads") if info.is_file() else None
+    if isinstance(used, int):
+        return used
     config_file = folder / "config.yaml"
     setting = yaml.safe_load(config_file.read_text()).get("threads", "auto") if config_file.is_file() else "auto"
-    return resolve_threads(setting)
+    return resolve_threads(setting, measure=False)
 
 
 def run_study(

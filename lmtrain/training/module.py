@@ -190,6 +190,7 @@ class LanguageModel(MeteredModule):
                 f"parameters are not finite at global step {self.global_step} ({', '.join(bad[:3])}); "
                 "the checkpoint was not written. Lower optim.lr or check the data"
             )
+        self.output.before_checkpoint()  # e.g. a kernel tree rebuilt from the weights, as a resume from here is
         for logger in self.loggers:  # metrics on disk stay in step with the checkpoint a resume starts from
             logger.save()
         checkpoint["lmtrain"] = checkpoint_entry(self, self._batches_done, self._state["train"])

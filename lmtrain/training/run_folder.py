@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from lmtrain.training.checkpoints import CheckpointError, check_compatible, find_last, read_checkpoint
@@ -81,6 +82,7 @@ def write_run_info(
         "sampler": sampler,
         "data": str(cfg.data.get("name", "")),
         "best_possible_ppl": None if entropy_rate is None else math.exp(entropy_rate),
+        "threads": torch.get_num_threads(),  # the compute threads threads=auto chose (lmtrain.training.threads)
         "metrics": {},
         "wall_time_s": None,
     }

@@ -85,8 +85,8 @@ class SampledOutput(OutputLayer):
                 self.weight[:, -1] = initial_bias(opts.bias_init, num_classes, counts)
         self.attach(sampler)
         self.check_options(num_classes, sampler)
-        # derived sampler state (trees) is never stored: rebuild it from the loaded weights
-        self.register_load_state_dict_post_hook(lambda module, _: module.sampler.update(module.weight.detach()))
+        # derived sampler state (trees) is never stored: rebuild it from the loaded weights (``before_checkpoint``)
+        self.register_load_state_dict_post_hook(lambda module, _: module.sampler.rebuild(module.weight.detach()))
 
     def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> SampledOutput:
         out = super()._apply(fn, recurse)  # moves the weight, and the sampler's own buffers (a submodule)
@@ -195,3 +195,6 @@ class SampledOutput(OutputLayer):
 
     def after_optimizer_step(self) -> None:
         self.sampler.update(self.weight.detach(), changed_rows(self.weight))
+
+    def before_checkpoint(self) -> None:
+        self.sampler.rebuild(self.weight.detach())  # what loading this checkpoint does, so both go on alike

@@ -35,8 +35,9 @@ class KernelSampler(Sampler):
     are on (``KernelOptions.backend``).
 
     The tree is derived state: built from the first weights it sees, refreshed for the changed rows after
-    each optimizer step, rebuilt from the weights when ``rows`` is None (a dense optimizer, or a checkpoint
-    load); only the feature map's own buffers (RFF frequencies) go into checkpoints.
+    each optimizer step, rebuilt from the weights when ``rows`` is None (a dense optimizer) and by ``rebuild`` (a
+    checkpoint load, and every checkpoint write: the refreshed sums differ from rebuilt ones by float rounding,
+    so both sides of a resume rebuild); only the feature map's own buffers (RFF frequencies) go into checkpoints.
 
     ``unigram_share`` s > 0 mixes the kernel proposal with the training unigram (``UnigramShare``): round(s m) of
     each position's m draws come from the unigram and every id is corrected with the mixture's exact log q.
@@ -85,6 +86,12 @@ class KernelSampler(Sampler):
 
     def follow(self, weight: Tensor) -> None:
         self.place(weight)
+
+    def rebuild(self, weight: Tensor) -> None:
+        """Build the tree afresh from ``weight``: after a checkpoint load, and when a checkpoint is written."""
+        self._drawn_since_refresh = False
+        self.place(weight)
+        self.tree.rebuild(weight)
 
     def update(self, weight: Tensor, rows: Tensor | None = None) -> None:
         built = self.tree.weight is not None and self.tree.weight.shape == weight.shape

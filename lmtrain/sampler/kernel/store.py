@@ -96,6 +96,7 @@ class TreeStore(nn.Module):
         self.floor = torch.where(sizes > 0, self.eps, 0.0).to(weight.dtype)
         self.previous = weight.clone() if self.refresh and not self.cache.active else weight.new_empty(0)
         self.deltas = torch.zeros(buckets, dtype=torch.int32, device=weight.device)
+        self.fixed_update.updates = 0  # the GPU paths' count of updates since the leaves were recomputed
 
     def update(self, weight: Tensor, rows: Tensor) -> None:
         """Bring the buckets holding ``rows`` up to the current ``weight`` (recomputed, or by deltas for the
