@@ -139,7 +139,7 @@ def test_sampled_row_gradients_of_both_sides_are_one_gradient(name):
 
     loss().backward()
     grad = out.weight.grad
-    assert grad.is_sparse == out.options.sparse
+    assert grad.is_sparse == out.sparse
     if grad.is_sparse:
         assert set(x.reshape(-1).tolist()) <= set(changed_rows(out.weight).tolist())
     tied_grad, out.weight.grad = grad.to_dense(), None

@@ -46,7 +46,8 @@ class HierarchicalSoftmax(OutputLayer):
         counts = torch.as_tensor(counts)
         if counts.shape != (num_classes,):
             raise ValueError(f"counts must have one entry per class ({num_classes}), got shape {tuple(counts.shape)}")
-        self.num_classes, self.dim, self.tree, self.sparse = num_classes, dim, opts.tree, opts.sparse
+        self.num_classes, self.dim, self.tree = num_classes, dim, opts.tree
+        self.sparse = opts.sparse is not False  # auto, resolved by the app from the optimizer, means on here
         self.layout = tree_layout(opts.tree, counts, opts.num_bins)  # the tree's index arrays (non-persistent buffers)
         self._mean_nll = in_float32(self.layout.mean_nll)  # the training loss, in float32 as log_prob (built once)
         self.weight = nn.Parameter(torch.empty(self.layout.num_rows, dim + 1))

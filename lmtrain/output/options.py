@@ -72,5 +72,7 @@ class HSMOptions(Checked):
     # huffman | balanced (binary trees) | two_level (softmax over ~sqrt(n) frequency bins, then within the bin)
     tree: TreeShape = TreeShape.huffman
     num_bins: int | None = field(default=None, metadata=AT_LEAST_1)  # two_level only; None: round(sqrt(n))
-    sparse: bool = True  # sparse row gradients: a step reads and updates only the nodes on the target paths
+    # sparse row gradients: a step reads and updates only the nodes on the target paths. auto: on unless the
+    # optimizer has weight decay or momentum, which move every row at every step (then dense); built directly: on
+    sparse: bool | str = field(default="auto", metadata={"choices": (True, False, "auto")})
     init_range: float = field(default=0.1, metadata=INIT_RANGE)

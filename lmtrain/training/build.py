@@ -18,7 +18,7 @@ from torch import Tensor
 
 from lmtrain.common.runtime import Runtime
 from lmtrain.training.module import LanguageModel
-from lmtrain.training.optim import sparse_rows_match_dense
+from lmtrain.training.optim import sparse_rows_allowed, sparse_rows_match_dense
 
 log = logging.getLogger("lmtrain")
 
@@ -39,13 +39,15 @@ def build(cfg: DictConfig, runtime: Runtime, **resolved: Any) -> Any:
 def build_output(cfg: DictConfig, num_classes: int, dim: int, counts: Tensor, train_ids: Tensor | None = None) -> Any:
     """The sampler (if the config has one) and then the output strategy that uses it."""
     runtime = Runtime(num_classes, dim, counts, train_ids)
+    optim = OmegaConf.to_container(cfg.optim, resolve=True, enum_to_str=True)
+    resolved = {"sparse": sparse_rows_allowed(optim)} if cfg.output.get("sparse") == "auto" else {}
     if cfg.get("sampler") is not None:
         if "sampler" not in runtime_args(str(cfg.output._target_)):
             raise ValueError(
                 f"output {cfg.output._target_.rsplit('.', 1)[-1]} takes no sampler; drop the sampler=... override"
             )
         runtime.sampler = build(cfg.sampler, runtime)
-    return build(cfg.output, runtime)
+    return build(cfg.output, runtime, **resolved)
 
 
 def needs_train_ids(cfg: DictConfig) -> bool:

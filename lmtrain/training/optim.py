@@ -58,6 +58,12 @@ class MixedOptimizer(torch.optim.Optimizer):
         return loss
 
 
+def sparse_rows_allowed(optim: Mapping[str, Any]) -> bool:
+    """Whether the optimizer ``optim`` describes can keep an output's rows sparse: none of its options moves every
+    row at every step (weight decay, momentum); ``output.sparse=auto`` resolves to this."""
+    return not any(optim.get(key) for key in _NO_SPARSE_KEYS)
+
+
 def sparse_rows_match_dense(optim: Mapping[str, Any]) -> bool:
     """Whether the optimizer ``optim`` describes applies sparse row gradients exactly as it would the dense gradient
     with zeros elsewhere: SGD and Adagrad without momentum or weight decay (the untouched rows would not move anyway).

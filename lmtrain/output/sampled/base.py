@@ -78,6 +78,7 @@ class SampledOutput(OutputLayer):
                 f"{type(self).__name__} scores |o|, so its biases start at zero; got bias_init={opts.bias_init!r}"
             )
         self.num_classes, self.dim = num_classes, dim
+        self.sparse = opts.sparse is not False  # auto, resolved by the app from the optimizer, means on here
         self.weight = nn.Parameter(torch.empty(num_classes, dim + int(self.has_bias)))
         nn.init.uniform_(self.weight, -opts.init_range, opts.init_range)
         if self.has_bias:
@@ -118,13 +119,13 @@ class SampledOutput(OutputLayer):
         self.options.num_samples = value
 
     def sparse_parameters(self) -> list[nn.Parameter]:
-        return [self.weight] if self.options.sparse else []
+        return [self.weight] if self.sparse else []
 
     def embed(self, tokens: Tensor) -> Tensor:
         """The tied input embedding: columns [:d] of the tokens' rows of ``weight`` (the bias column stays the
         output's). Gathered like the output's rows, sparse with ``sparse``, so both sides' row gradients add up to
         one sparse gradient of ``weight`` and ``changed_rows`` names the input rows too (a kernel tree follows them)."""
-        return gather_rows(self.weight, tokens, self.options.sparse)[..., : self.dim]  # (..., d)
+        return gather_rows(self.weight, tokens, self.sparse)[..., : self.dim]  # (..., d)
 
     # --- scores -------------------------------------------------------------------------------
     def query(self, hidden: Tensor) -> Tensor:
@@ -145,7 +146,7 @@ class SampledOutput(OutputLayer):
     def query_scores(self, query: Tensor, ids: Tensor) -> Tensor:
         """Logits of the given ids, (m,) shared or (N, m) per example -> (N, m), for query vectors (N, d') built
         once per step; the gradient into ``weight`` is sparse."""
-        return self.score(query, gather_rows(self.weight, ids, self.options.sparse))
+        return self.score(query, gather_rows(self.weight, ids, self.sparse))
 
     # --- exact evaluation ---------------------------------------------------------------------
     def log_normalizer(self, hidden: Tensor) -> Tensor:

@@ -37,7 +37,9 @@ class SampledOptions(Checked):
     # tree walk, every position corrected with it); false: m per position (N x m), which trains far better than one
     # set per batch (docs/strategies.md); None: the sampler's own mode
     shared_negatives: bool | None = False
-    sparse: bool = True  # sparse row gradients: only the touched rows (and tree buckets) are read and updated
+    # sparse row gradients: only the touched rows (and tree buckets) are read and updated. auto: on unless the
+    # optimizer has weight decay or momentum, which move every row at every step (then dense); built directly: on
+    sparse: bool | str = field(default="auto", metadata={"choices": (True, False, "auto")})
     init_range: float = field(default=0.1, metadata=INIT_RANGE)
     eval_chunk: int = field(default=65536, metadata=AT_LEAST_1)
 
