@@ -179,3 +179,20 @@ def test_a_short_sweeps_single_validations_are_markers_with_plain_ticks(tmp_path
     fig.canvas.draw()
     shown = [t.get_text() for t in fig.axes[0].get_yticklabels() if t.get_text()]
     assert {"200", "500", "1,000", "2,000"} <= set(shown), shown
+
+
+def test_a_sweep_without_validations_says_so_and_draws_no_empty_plot(tmp_path, capsys):
+    from lmtrain.tools.summarize import main as summarize
+
+    for name in ("0", "1"):  # jobs still in their first steps: training rows only
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.csv").write_text("epoch,step,train/loss\n0,0,4.6\n0,1,4.5\n0,2,4.4\n")
+    assert summarize([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "no validations in" in out and "val_curves.png not written" in out
+    assert "ppl_vs_samples.png not written" in out
+    assert not list(tmp_path.glob("*.png")) and (tmp_path / "summary.md").is_file()
+    panels = plot_runs([tmp_path], "all", tmp_path / "curves.png")
+    assert [p.title for p in panels] == ["training loss: each strategy's own objective"]  # no empty panels
+    main([str(tmp_path), "--out", str(tmp_path / "c.png")])
+    assert "no validations in" in capsys.readouterr().out
