@@ -62,6 +62,9 @@ def test_without_a_terminal_the_run_writes_a_few_plain_lines(tiny_config, tmp_pa
     assert validated == list(range(30, 301, 30))
 
 
+ESCAPES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
 class Terminal(io.StringIO):
     """stdout as a terminal: tqdm draws its bar with redraws, as on a screen."""
 
@@ -69,24 +72,24 @@ class Terminal(io.StringIO):
         return True
 
 
-@pytest.fixture
-def terminal(monkeypatch: pytest.MonkeyPatch) -> Terminal:
-    """sys.stdout as a terminal, with a console log handler on it as Hydra's (message only)."""
+def as_terminal(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> Terminal:
+    """sys.stdout as a terminal, with a console log handler on it as Hydra's (message only). Called in the test:
+    pytest sets its own sys.stdout again after the fixtures."""
     screen = Terminal()
     monkeypatch.setattr(sys, "stdout", screen)
     handler = logging.StreamHandler(screen)
     handler.setFormatter(logging.Formatter("%(message)s"))
-    root = logging.getLogger()
-    monkeypatch.setattr(root, "handlers", [handler])
-    monkeypatch.setattr(root, "level", logging.INFO)
+    monkeypatch.setattr(logging.getLogger(), "handlers", [handler])
+    caplog.set_level(logging.INFO)  # restored after the test
     return screen
 
 
-def test_in_a_terminal_the_bar_counts_max_steps_and_log_lines_go_above_it(tiny_config, terminal):
+def test_in_a_terminal_the_bar_counts_max_steps_and_log_lines_go_above_it(tiny_config, monkeypatch, caplog):
     from lmtrain.training.run import train
 
+    terminal = as_terminal(monkeypatch, caplog)
     train(tiny_config(*LONGER, "trainer.max_steps=300", "test_after_fit=false"))
-    pieces = re.split(r"[\r\n]", terminal.getvalue())
+    pieces = re.split(r"[\r\n]", ESCAPES.sub("", terminal.getvalue()))  # cursor moves left out
     bars = [p for p in pieces if re.match(r"Epoch 0: +\d+%", p)]
     assert bars and all(re.search(r"\| *\d+/300 \[", p) for p in bars), bars[:3]  # the run's steps, not 375
     lines = [p for p in pieces if "val/ppl " in p]
@@ -96,9 +99,10 @@ def test_in_a_terminal_the_bar_counts_max_steps_and_log_lines_go_above_it(tiny_c
         assert re.fullmatch(r"\d+\.\d\d", value) and any(f"val/ppl={value}" in p for p in bars), value
 
 
-def test_with_a_time_limit_the_bar_shows_the_time_left_to_it(tiny_config, terminal):
+def test_with_a_time_limit_the_bar_shows_the_time_left_to_it(tiny_config, monkeypatch, caplog):
     from lmtrain.training.run import train
 
+    terminal = as_terminal(monkeypatch, caplog)
     train(tiny_config(*LONGER, "max_train_seconds=1", "test_after_fit=false", "trainer.max_epochs=3"))
     bars = [p for p in re.split(r"[\r\n]", terminal.getvalue()) if re.match(r"Epoch \d: +\d+%", p)]
     left = [re.search(r"<(\d\d):(\d\d),", p) for p in bars]

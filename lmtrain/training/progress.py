@@ -126,7 +126,8 @@ class ProgressBar(TQDMProgressBar):
     def on_exception(self, *args: Any) -> None:
         self._redirect.close()
 
-    def teardown(self, *args: Any) -> None:
+    def teardown(self, *args: Any, **kwargs: Any) -> None:
+        super().teardown(*args, **kwargs)
         self._redirect.close()
 
     def print(self, *args: Any, sep: str = " ", **kwargs: Any) -> None:
