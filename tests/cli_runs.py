@@ -28,6 +28,7 @@ TINY = [
     "data.bptt=20",
     "trainer.accelerator=cpu",
     "progress_bar=false",
+    "trainer.val_check_interval=1.0",  # at epoch ends and max_steps only, not ~10 times (tests say when)
 ]
 WINDOWS_PER_EPOCH = 32
 

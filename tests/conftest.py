@@ -28,6 +28,7 @@ TINY = [
     "model.num_layers=1",
     "logger=csv",
     "progress_bar=false",
+    "trainer.val_check_interval=1.0",  # at epoch ends and max_steps only, not ~10 times (tests say when)
     "trainer.accelerator=cpu",
     "data.train_tokens=60000",
     "data.valid_tokens=8000",

@@ -17,6 +17,7 @@ from lmtrain.training.loggers.metrics_csv import AppendingExperimentWriter
 from tests.conftest import TINY, make_config
 
 TOKENS_PER_STEP = 16 * 20  # TINY's batch x bptt
+TRAIN_PPL = "training perplexity (where the loss is the exact NLL)"
 
 
 @pytest.fixture(scope="module")
@@ -50,31 +51,32 @@ def test_a_sweep_is_plotted_against_steps_tokens_and_seconds_with_seeds_as_mean_
     runs = {r.path.name: r for r in load_runs([sweep])}
     full_val = [[v for _, _, v in runs[n].series["val/ppl"]] for n in ("0", "1")]  # 2 validations each
 
-    full, unigram = panel(panels, "validation by steps").lines
+    full, unigram = panel(panels, "validation perplexity by steps").lines
     assert full.label == "output=full (2 seeds)" and unigram.label == "output=unigram"
     assert full.x == [3.0, 6.0] and unigram.x == [4.0]  # each validation at the step it followed
     assert full.y == pytest.approx([statistics.mean(v) for v in zip(*full_val, strict=True)])
     assert full.low == [min(v) for v in zip(*full_val, strict=True)]
     assert full.high == [max(v) for v in zip(*full_val, strict=True)] and unigram.low is None
 
-    by_tokens = panel(panels, "validation by tokens").lines
+    by_tokens = panel(panels, "validation perplexity by tokens").lines
     assert by_tokens[0].x == [3.0 * TOKENS_PER_STEP, 6.0 * TOKENS_PER_STEP] and by_tokens[0].y == full.y
     seconds = [[v for _, _, v in runs[n].series["train/seconds"]] for n in ("0", "1")]
-    by_seconds = panel(panels, "validation by seconds").lines
+    by_seconds = panel(panels, "validation perplexity by seconds").lines
     assert by_seconds[0].x == pytest.approx([statistics.mean(s) for s in zip(*seconds, strict=True)])
     assert by_seconds[1].x == runs["2"].values("train/seconds") and all(x > 0 for x in by_seconds[1].x)
 
-    exact = panel(panels, "training perplexity").lines  # exact training ppl only where the strategy has one
-    losses = panel(panels, "training loss: each strategy's own objective").lines
+    exact = panel(panels, TRAIN_PPL).lines  # exact training ppl only where the strategy has one
+    losses = panel(panels, "training loss: each strategy's own objective").lines  # every strategy's loss
     assert [line.label for line in exact] == ["output=full (2 seeds)"]
-    assert [line.label for line in losses] == ["output=unigram"]
+    assert [line.label for line in losses] == ["output=full (2 seeds)", "output=unigram"]
     assert exact[0].x == [2.0, 4.0, 6.0] and min(exact[0].y) > 1.0  # perplexities, logged every 2 steps
-    assert losses[0].x == [1.0, 2.0, 3.0, 4.0] and losses[0].y == pytest.approx(runs["2"].values("train/loss"))
+    assert losses[1].x == [1.0, 2.0, 3.0, 4.0] and losses[1].y == pytest.approx(runs["2"].values("train/loss"))
+    assert losses[0].x == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0] and losses[0].group == exact[0].group
 
 
 def test_the_figure_draws_the_returned_points_one_color_per_group(sweep, tmp_path):
     panels = plot_runs([sweep / "0", sweep / "1", sweep / "2"], "steps", tmp_path / "c.png")
-    assert [p.title for p in panels] == ["validation by steps", "training perplexity", panels[2].title]
+    assert [p.title for p in panels] == ["validation perplexity by steps", TRAIN_PPL, panels[2].title]
     fig = draw(panels, "t")
     axes = [ax for ax in fig.axes if ax.get_visible()]
     for ax, drawn in zip(axes, panels, strict=True):
@@ -82,7 +84,12 @@ def test_the_figure_draws_the_returned_points_one_color_per_group(sweep, tmp_pat
         for line2d, line in zip(ax.lines, drawn.lines, strict=True):
             assert list(line2d.get_xdata()) == line.x and list(line2d.get_ydata()) == line.y
             assert line2d.get_color() == f"C{line.group}"
-    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["output=full (2 seeds)", "output=unigram"]
+    for ax, drawn in zip(axes, panels, strict=True):  # each panel its own legend, naming each of its lines
+        assert ax.get_title() == drawn.title
+        assert [t.get_text() for t in ax.get_legend().get_texts()] == [line.label for line in drawn.lines]
+    legends = [[t.get_text() for t in ax.get_legend().get_texts()] for ax in axes]
+    both = ["output=full (2 seeds)", "output=unigram"]
+    assert legends == [both, ["output=full (2 seeds)"], both] and not fig.legends
 
 
 def test_runs_differing_in_more_than_the_seed_stay_apart_and_are_labelled_by_it(sweep, tmp_path):
@@ -172,3 +179,20 @@ def test_a_short_sweeps_single_validations_are_markers_with_plain_ticks(tmp_path
     fig.canvas.draw()
     shown = [t.get_text() for t in fig.axes[0].get_yticklabels() if t.get_text()]
     assert {"200", "500", "1,000", "2,000"} <= set(shown), shown
+
+
+def test_a_sweep_without_validations_says_so_and_draws_no_empty_plot(tmp_path, capsys):
+    from lmtrain.tools.summarize import main as summarize
+
+    for name in ("0", "1"):  # jobs still in their first steps: training rows only
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.csv").write_text("epoch,step,train/loss\n0,0,4.6\n0,1,4.5\n0,2,4.4\n")
+    assert summarize([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "no validations in" in out and "val_curves.png not written" in out
+    assert "ppl_vs_samples.png not written" in out
+    assert not list(tmp_path.glob("*.png")) and (tmp_path / "summary.md").is_file()
+    panels = plot_runs([tmp_path], "all", tmp_path / "curves.png")
+    assert [p.title for p in panels] == ["training loss: each strategy's own objective"]  # no empty panels
+    main([str(tmp_path), "--out", str(tmp_path / "c.png")])
+    assert "no validations in" in capsys.readouterr().out

@@ -157,7 +157,7 @@ def validation_panel(groups: list[RunGroup], axis: str) -> Panel:
         line = _band(group.label, number, [c for c in columns if c])
         if line.x:
             lines.append(line)
-    return Panel(f"validation by {axis}", AXIS_LABELS[axis], "validation perplexity (exact)", "log", lines)
+    return Panel(f"validation perplexity by {axis}", AXIS_LABELS[axis], "validation perplexity (exact)", "log", lines)
 
 
 def running_mean(values: list[float], window: int) -> list[float]:
@@ -174,19 +174,14 @@ def _train_series(run: RunRecord, key: str) -> list[tuple[int, int, float]]:
 
 
 def training_panels(groups: list[RunGroup], axis: str, points: int = 50) -> list[Panel]:
-    """Training curves in one unit per panel: the exact training perplexity of the groups whose strategy has one
-    (``train/ppl``: the loss is the exact NLL), the training loss in nats of the others in a panel of its own.
-    Both are running means over a window of 1/``points`` of the run; x is tokens on the tokens axis, else steps."""
-    exact = [any(_train_series(r, "train/ppl") for r in g.runs) for g in groups]
+    """Training curves in one unit per panel: the exact training perplexity (``train/ppl``) of the groups whose
+    strategy has one (its loss is the exact NLL: full, hsm, adaptive), and the training loss in nats
+    (``train/loss``) of every group, each strategy's own objective (a sampled loss is not the NLL). Both are
+    running means over a window of 1/``points`` of the run; x is tokens on the tokens axis, else steps."""
     panels = []
-    for key, wanted, ylabel, yscale in (
-        ("train/ppl", True, "training perplexity (exact NLL)", "log"),
-        ("train/loss", False, "training loss (nats)", "linear"),
-    ):
+    for key, title, ylabel, yscale in TRAINING_PANELS:
         lines = []
         for number, group in enumerate(groups):
-            if exact[number] != wanted:
-                continue
             per_step = group.tokens_per_step if axis == "tokens" else 1  # x units per optimizer step
             if per_step is None:
                 continue
@@ -201,9 +196,15 @@ def training_panels(groups: list[RunGroup], axis: str, points: int = 50) -> list
                 lines.append(line)
         if lines:
             xlabel = AXIS_LABELS["tokens" if axis == "tokens" else "steps"]
-            title = "training perplexity" if wanted else "training loss: each strategy's own objective"
             panels.append(Panel(title, xlabel, f"{ylabel}, running mean", yscale, lines))
     return panels
+
+
+# (metric, panel title, y label, y scale) of the training panels
+TRAINING_PANELS = (
+    ("train/ppl", "training perplexity (where the loss is the exact NLL)", "training perplexity", "log"),
+    ("train/loss", "training loss: each strategy's own objective", "training loss (nats)", "linear"),
+)
 
 
 def curve_panels(groups: list[RunGroup], x: str) -> list[Panel]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +32,14 @@ def plain_log_ticks(ax: Any) -> None:
         return
     if high / low >= 10:
         ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(plain_number))
     else:
         ticks = [t for t in MaxNLocator(nbins=5).tick_values(low, high) if low <= t <= high]
         ax.yaxis.set_major_locator(FixedLocator(ticks))
-    ax.yaxis.set_major_formatter(FuncFormatter(plain_number))
+        # as many decimals as the spacing needs: 87.75, 87.80, not 87.8 twice
+        step = min((b - a for a, b in zip(ticks, ticks[1:], strict=False)), default=1.0)
+        decimals = max(0, -math.floor(math.log10(step))) if step > 0 else 0
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.{decimals}f}"))
     ax.yaxis.set_minor_locator(NullLocator())
     ax.set_ylim(low, high)
 

@@ -5,7 +5,8 @@ Validation perplexity (exact for every strategy) against optimizer steps, traini
 (``--x all``: a panel each), then the training panels: exact training perplexity for the strategies whose loss is
 the exact NLL, training loss in nats for the others, each in a panel of its own. Runs that differ only by their
 seed are one line, the mean over the seeds, with a band from their min to their max. One color per group in every
-panel; the legend, beside the panels, names what differs between the groups.
+panel; each panel's legend names its lines by what differs between the groups. Without validations yet, the
+validation panels are left out and the command says so.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ def draw(panels: list[Panel], title: str) -> Any:
     rows = [row for row in rows if row]
     columns = max(len(row) for row in rows)
     fig, axes = plt.subplots(len(rows), columns, figsize=(5.2 * columns, 4.0 * len(rows)), squeeze=False)
-    handles: dict[str, Any] = {}
     for row, row_axes in zip(rows, axes, strict=True):
         for ax in row_axes[len(row) :]:
             ax.set_visible(False)
@@ -36,22 +36,18 @@ def draw(panels: list[Panel], title: str) -> Any:
                 color = f"C{line.group % 10}"
                 single = len(line.x) == 1  # one validation: a marker big enough to see, its seeds' range as a bar
                 marker = "o" if single or panel.title.startswith("validation") else None
-                (drawn,) = ax.plot(
-                    line.x, line.y, color=color, marker=marker, ms=7 if single else 3, lw=1.3, label=line.label
-                )
+                ax.plot(line.x, line.y, color=color, marker=marker, ms=7 if single else 3, lw=1.3, label=line.label)
                 if line.low is not None and line.high is not None:
                     if single:
                         ax.vlines(line.x, line.low, line.high, color=color, lw=2.5, alpha=0.4)
                     else:
                         ax.fill_between(line.x, line.low, line.high, color=color, alpha=0.2, lw=0)
-                handles.setdefault(line.label, drawn)
             ax.set(title=panel.title, xlabel=panel.xlabel, ylabel=panel.ylabel, yscale=panel.yscale)
             plain_log_ticks(ax)
             if all(len(line.x) == 1 for line in panel.lines):
                 single_points_ticks(ax, [line.x[0] for line in panel.lines])
             ax.grid(True, which="both", alpha=0.3)
-    if handles:
-        fig.legend(list(handles.values()), list(handles), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+            ax.legend(fontsize=7)  # each panel names its own lines: not every group has every metric
     banded = any(line.low is not None for panel in panels for line in panel.lines)
     fig.suptitle(title + ("  (line: mean over seeds, band or bar: min to max)" if banded else ""))
     return fig
@@ -75,6 +71,8 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--out", default="curves.png", help="PNG path to write")
     parser.add_argument("--title", default="", help="figure title")
     args = parser.parse_args(argv)
-    plot_runs(args.runs, args.x, args.out, args.title)
+    panels = plot_runs(args.runs, args.x, args.out, args.title)
+    if not any(p.title.startswith("validation") for p in panels):
+        print(f"no validations in {', '.join(args.runs)} yet: {args.out} shows the training curves only")
     print(f"wrote {args.out}")
     return Path(args.out)

@@ -5,7 +5,8 @@
 Writes DIR/summary.md (strategy, sampler and its options, m, best val ppl, test ppl, tokens/s, wall time per
 job; failed or unfinished jobs are listed as such), DIR/ppl_vs_samples.png (test perplexity against the number
 of samples, one line per sampler, log x: Blanc & Rendle 2018, Fig. 2) and DIR/val_curves.png (validation
-perplexity per epoch, one line per strategy, one panel per m: Rawat et al. 2019, Fig. 3). DIR defaults to
+perplexity against steps, one line per strategy, one panel per m: Rawat et al. 2019, Fig. 3); a plot with
+nothing to show yet (no finished job, no validation) is not written, and a line says so. DIR defaults to
 MULTIRUN_DIR. Also prints the `wandb sync` command for the sweep's offline W&B runs.
 """
 
@@ -48,11 +49,16 @@ def main(argv: list[str] | None = None) -> int:
     finished = sum(row.finished for row in rows)
     text = f"# Sweep {args.sweep}\n\n{finished} of {len(rows)} jobs finished.\n\n{table}"
     (out / "summary.md").write_text(text)
-    written = [out / "summary.md", plot_ppl_vs_samples(rows, out / "ppl_vs_samples.png", args.metric)]
-    written.append(plot_val_curves(rows, out / "val_curves.png"))
     print(table, end="")
-    for path in written:
-        print(f"wrote {path}")
+    print(f"wrote {out / 'summary.md'}")
+    if plot_ppl_vs_samples(rows, out / "ppl_vs_samples.png", args.metric) is None:
+        print("no finished job has a perplexity yet: ppl_vs_samples.png not written")
+    else:
+        print(f"wrote {out / 'ppl_vs_samples.png'}")
+    if plot_val_curves(rows, out / "val_curves.png") is None:
+        print(f"no validations in {args.sweep} yet: val_curves.png not written")
+    else:
+        print(f"wrote {out / 'val_curves.png'}")
     offline = offline_wandb_runs(args.sweep)
     if offline:
         print(f"{len(offline)} offline W&B runs; upload them with:\n  wandb sync {' '.join(map(str, offline))}")

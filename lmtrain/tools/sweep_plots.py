@@ -12,17 +12,19 @@ from lmtrain.tools.figures import plain_log_ticks, pyplot, save_figure, single_p
 from lmtrain.tools.sweep_table import SummaryRow
 
 
-def plot_ppl_vs_samples(rows: list[SummaryRow], path: str | Path, metric: str = "test") -> Path:
+def plot_ppl_vs_samples(rows: list[SummaryRow], path: str | Path, metric: str = "test") -> Path | None:
     """Test perplexity (``metric="val"``: best validation perplexity; best val where a run has no test) against m,
-    one line per sampler, log x.
+    one line per sampler, log x; None, writing nothing, where no finished job has one.
 
     Strategies without samples (full softmax) are drawn as horizontal reference lines, as in Blanc & Rendle Fig. 2.
     """
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
     use_test = metric == "test" and any(r.test_ppl is not None for r in rows)
     score = [(r, r.test_ppl if use_test else r.best_val_ppl) for r in rows]
     score = [(r, s) for r, s in score if r.finished and s is not None and math.isfinite(s)]  # final values only
+    if not score:
+        return None
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
     for label in sorted({r.label for r, _ in score if r.num_samples is not None}):
         points = [(r.num_samples, s) for r, s in score if r.label == label and r.num_samples is not None]
         sizes = sorted({m for m, _ in points})
@@ -48,11 +50,13 @@ def plot_ppl_vs_samples(rows: list[SummaryRow], path: str | Path, metric: str = 
     return save_figure(fig, path, plt)
 
 
-def plot_val_curves(rows: list[SummaryRow], path: str | Path) -> Path:
+def plot_val_curves(rows: list[SummaryRow], path: str | Path) -> Path | None:
     """Validation perplexity against optimizer steps (each validation at the step it followed), one line per
-    strategy, one panel per m (RF-softmax, Fig. 3)."""
-    plt = pyplot()
+    strategy, one panel per m (RF-softmax, Fig. 3); None, writing nothing, where no job has validated yet."""
     curves = [r for r in rows if r.run.series.get("val/ppl")]
+    if not curves:
+        return None
+    plt = pyplot()
     sizes = sorted({r.num_samples for r in curves if r.num_samples is not None}) or [None]
     fig, axes = plt.subplots(1, len(sizes), figsize=(5.5 * len(sizes), 4.5), squeeze=False)
     for ax, m in zip(axes[0], sizes, strict=True):

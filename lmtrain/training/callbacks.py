@@ -1,5 +1,5 @@
 """Small Lightning callbacks: a one-line summary per validation, validation at the end of a short run, a training
-time limit, and the progress bar."""
+time limit; and the number format of the metrics in log lines and the progress bar."""
 
 from __future__ import annotations
 
@@ -7,9 +7,17 @@ import logging
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import TQDMProgressBar
 
 log = logging.getLogger("lmtrain")
+
+# how a metric is written in the validation line and the progress bar (others: 4 significant digits)
+FORMATS = {"val/ppl": "{:.2f}", "test/ppl": "{:.2f}", "train/ppl": "{:.2f}", "train/loss": "{:.4f}"}
+FORMATS |= {"val/loss": "{:.4f}", "test/loss": "{:.4f}", "tokens_per_sec": "{:,.0f}"}
+
+
+def metric_text(key: str, value: float) -> str:
+    """``value`` of metric ``key`` as lmtrain writes it everywhere: ``val/ppl`` 1169.85, ``train/loss`` 6.7184."""
+    return FORMATS.get(key, "{:.4g}").format(float(value))
 
 
 class EpochSummary(L.Callback):
@@ -26,15 +34,15 @@ class EpochSummary(L.Callback):
         m = trainer.callback_metrics
         parts = [f"epoch {trainer.current_epoch}", f"{trainer.global_step} steps"]
         if "val/ppl" in m:
-            parts.append(f"val/ppl {float(m['val/ppl']):.2f}")
+            parts.append(f"val/ppl {metric_text('val/ppl', m['val/ppl'])}")
         if mean_loss is not None:
-            parts.append(f"train/loss {mean_loss:.4f}")
-        for key, fmt in (("lr", "{:.4g}"), ("tokens_per_sec", "{:,.0f}")):
+            parts.append(f"train/loss {metric_text('train/loss', mean_loss)}")
+        for key in ("lr", "tokens_per_sec"):
             if key in m:
-                parts.append(f"{key} " + fmt.format(float(m[key])))
+                parts.append(f"{key} {metric_text(key, m[key])}")
         mean = module.mean_tokens_per_sec() if hasattr(module, "mean_tokens_per_sec") else None
         if mean is not None:  # the last window's rate above, the run's mean here
-            parts.append(f"mean tokens_per_sec {mean:,.0f}")
+            parts.append(f"mean tokens_per_sec {metric_text('tokens_per_sec', mean)}")
         log.info(" | ".join(parts))
 
 
@@ -59,23 +67,3 @@ class TrainingTimeLimit(L.Callback):
         over = module.training_seconds() >= self.seconds
         if trainer.strategy.reduce_boolean_decision(over, all=False):  # every rank stops at the same step
             trainer.should_stop = True
-
-
-class ProgressBar(TQDMProgressBar):
-    """Lightning's progress bar without the logger's version number, and with the epoch and its length also after
-    resuming mid-epoch (Lightning does not call ``on_train_epoch_start`` then, which sets them)."""
-
-    def get_metrics(self, trainer: L.Trainer, module: L.LightningModule) -> dict[str, int | str | float | dict]:
-        items = super().get_metrics(trainer, module)
-        items.pop("v_num", None)
-        return items
-
-    def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
-        super().on_train_start(trainer, module)
-        loop = trainer.fit_loop
-        if loop.restarted_mid_epoch or loop.restarted_on_epoch_end:
-            self.on_train_epoch_start(trainer, module)
-            done = loop.epoch_loop.batch_progress.current.processed  # the batches of the checkpoint
-            self.train_progress_bar.initial = done  # the rate counts this session's batches only
-            self.train_progress_bar.n = done
-            self.train_progress_bar.refresh()

@@ -13,7 +13,7 @@ When a fit resumes, ``resume_fit`` reads that entry back and sets the data posit
 the rest: the time at once, the carried state and window count when the checkpoint was taken mid-epoch, and the RNG
 states at the first training batch (creating the loader iterator may draw random numbers, so earlier would be
 undone). Lightning restores the weights, the optimizer, the schedule and its loop counters itself; the progress
-bar's position after a mid-epoch resume is display only (``callbacks.ProgressBar`` reads Lightning's loop).
+bar's position after a resume is display only (``progress.ProgressBar`` reads the global step).
 """
 
 from __future__ import annotations

@@ -27,7 +27,13 @@ from lmtrain.training.run_folder import (
     write_run_info,
 )
 from lmtrain.training.stop import TrainingStopped
-from lmtrain.training.trainer import build_callbacks, build_trainer, check_against_data, prepare_process
+from lmtrain.training.trainer import (
+    build_callbacks,
+    build_trainer,
+    check_against_data,
+    default_val_check_interval,
+    prepare_process,
+)
 
 log = logging.getLogger("lmtrain")
 
@@ -44,6 +50,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
     datamodule, module = build_model(cfg)
     check_against_data(cfg, datamodule.num_train_windows)
+    every = default_val_check_interval(cfg, datamodule.num_train_windows)
+    if every is not None:
+        log.info("validating every %d batches and at the end (trainer.val_check_interval=N sets another)", every)
     if datamodule.entropy_rate is not None:  # a synthetic source: its optimum is known
         best = math.exp(datamodule.entropy_rate)
         log.info(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import timedelta
 from pathlib import Path
 
@@ -12,10 +13,11 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig
 
-from lmtrain.training.callbacks import EpochSummary, ProgressBar, TrainingTimeLimit, ValidateAtEnd
+from lmtrain.training.callbacks import EpochSummary, TrainingTimeLimit, ValidateAtEnd
 from lmtrain.training.checkpoints import AtomicCheckpointIO
 from lmtrain.training.host_time import NoProfiler
 from lmtrain.training.memory import reuse_freed_memory
+from lmtrain.training.progress import ProgressBar
 from lmtrain.training.stop import GracefulStop
 from lmtrain.training.threads import apply_threads
 
@@ -88,13 +90,42 @@ def build_trainer(cfg: DictConfig, loggers: list[Logger], callbacks: list[L.Call
     )
 
 
+def epoch_batches(cfg: DictConfig, windows: int) -> int:
+    """Training batches in an epoch of ``windows`` windows, after ``trainer.limit_train_batches``."""
+    limit = cfg.trainer.get("limit_train_batches")
+    return min(windows, limit) if isinstance(limit, int) else int(windows * (1.0 if limit is None else limit))
+
+
 def check_against_data(cfg: DictConfig, windows: int) -> None:
     """What needs the data's size: an integer val_check_interval must fit into an epoch of ``windows`` training
     windows (after limit_train_batches), unless validation counts steps across epochs."""
-    interval, limit = cfg.trainer.get("val_check_interval"), cfg.trainer.get("limit_train_batches")
-    batches = min(windows, limit) if isinstance(limit, int) else int(windows * (1.0 if limit is None else limit))
+    interval, batches = cfg.trainer.get("val_check_interval"), epoch_batches(cfg, windows)
     if isinstance(interval, int) and interval > batches and cfg.trainer.get("check_val_every_n_epoch") is not None:
         raise ValueError(
             f"trainer.val_check_interval={interval} is more than the {batches} training batches of an epoch: use "
             "a fraction of the epoch (0.5), or trainer.check_val_every_n_epoch=null to count steps across epochs"
         )
+
+
+def default_val_check_interval(cfg: DictConfig, windows: int) -> int | None:
+    """Enough validations for a curve: a run that ``trainer.max_steps`` ends inside its first epoch (which would
+    validate once, at its end) validates about ``VALIDATIONS`` times, every N steps (at least ``MIN_STEPS_BETWEEN``)
+    and at its end. Sets and returns ``trainer.val_check_interval`` (in training batches, as Lightning counts);
+    None, changing nothing, where the run sets it (or ``check_val_every_n_epoch``) or is longer."""
+    trainer = cfg.trainer
+    if trainer.get("val_check_interval") is not None or trainer.get("check_val_every_n_epoch") != 1:
+        return None
+    accumulate = int(trainer.get("accumulate_grad_batches") or 1)
+    batches = epoch_batches(cfg, windows)
+    max_steps = int(trainer.get("max_steps") or -1)
+    if not 0 < max_steps < math.ceil(batches / accumulate):  # ValidateAtEnd validates at max_steps
+        return None
+    every = max(MIN_STEPS_BETWEEN, math.ceil(max_steps / VALIDATIONS)) * accumulate
+    if every >= max_steps * accumulate:  # a few steps: the validation at their end is enough
+        return None
+    trainer.val_check_interval = every
+    return every
+
+
+VALIDATIONS = 10  # validations of a run inside one epoch that sets no trainer.val_check_interval
+MIN_STEPS_BETWEEN = 5  # optimizer steps between two of them at least
