@@ -57,7 +57,7 @@ def did_you_mean(value: Any, options: Any, shown: str = "{!r}") -> str:
     """ "did you mean 'mean'?" when a string ``value`` is close to one of the string ``options`` (the guess shown
     with the format ``shown``), else ''."""
     names = [str(o) for o in options if isinstance(o, str)]
-    close = difflib.get_close_matches(value, names, n=1, cutoff=0.6) if isinstance(value, str) else []
+    close = difflib.get_close_matches(value, names, n=1, cutoff=0.7) if isinstance(value, str) else []
     return f"did you mean {shown.format(close[0])}?" if close else ""
 
 

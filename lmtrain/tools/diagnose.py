@@ -87,9 +87,9 @@ def as_sampled_softmax(output: Any) -> SampledSoftmax:
 
 
 def build_sampler(name: str, overrides: list[str], runtime: Runtime) -> Any:
-    keys = set(compose_config([f"sampler={name}"]).sampler)
+    keys = set(compose_config(["output=sampled", f"sampler={name}"]).sampler)
     own = [o for o in overrides if o.split("=", 1)[0].removeprefix("sampler.") in keys]
-    return build(compose_config([f"sampler={name}", *own]).sampler, runtime)
+    return build(compose_config(["output=sampled", f"sampler={name}", *own]).sampler, runtime)
 
 
 def diagnose(argv: list[str]) -> dict[str, Any]:
