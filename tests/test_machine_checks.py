@@ -14,7 +14,7 @@ import torch
 from omegaconf import OmegaConf
 
 import lmtrain.cli.failures as failures
-import lmtrain.config.machine as machine
+import lmtrain.cli.machine as machine
 from lmtrain.cli.app import run_app
 from tests.command_line import accept, refusal
 

@@ -70,8 +70,8 @@ def test_a_package_line_below_a_comment_is_named_in_the_error(tmp_path, monkeypa
 def test_a_renamed_schema_still_composes_and_the_run_names_the_new_one(tmp_path, capsys):
     """``/schema/output@_here_: cosine`` (output=rff's schema before it was derived from its class, now ``rff``) keeps
     working for one release, with one line naming the new schema."""
+    from lmtrain.cli.callback import warn_renamed
     from lmtrain.config import composer
-    from lmtrain.config.callback import warn_renamed
 
     mine = tmp_path / "mine"
     (mine / "output").mkdir(parents=True)

@@ -1,5 +1,5 @@
 """Hydra's basic sweeper, whose jobs take a ``sampler.KEY=VALUE`` only when their sampler has KEY
-(``lmtrain.config.sweep``). Hydra imports every module of ``hydra_plugins`` when any Hydra app starts, so lmtrain is
+(``lmtrain.cli.sweep``). Hydra imports every module of ``hydra_plugins`` when any Hydra app starts, so lmtrain is
 imported only when a sweep runs."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ class ScopedSweeper(BasicSweeper):
     keys its sampler lacks; jobs that this makes identical run once."""
 
     def split_arguments(self, overrides: list[Override], max_batch_size: int | None) -> list[list[list[str]]]:
-        from lmtrain.config.sweep import scope_jobs
+        from lmtrain.cli.sweep import scope_jobs
 
         assert self.hydra_context is not None and self.config is not None  # set by setup(), before sweep()
         loader, primary = self.hydra_context.config_loader, self.config

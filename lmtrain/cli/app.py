@@ -1,5 +1,5 @@
 """Hydra's app with lmtrain's errors: what Hydra refuses while it composes the config (an unknown option, key or
-flag, a value of the wrong type, a config folder that does not exist) and what ``lmtrain.config.callback`` refuses
+flag, a value of the wrong type, a config folder that does not exist) and what ``lmtrain.cli.callback`` refuses
 before Hydra creates a folder, as one line and exit code 2."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from typing import Any
 from hydra.errors import ConfigCompositionException, OverrideParseException, SearchPathException
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
+from lmtrain.cli.callback import ConfigRefused
 from lmtrain.cli.failures import SweepStopped, fail
+from lmtrain.cli.sweep import as_sweep
 from lmtrain.config import composer, explain
-from lmtrain.config.callback import ConfigRefused
 from lmtrain.config.explain import innermost, one_line
-from lmtrain.config.sweep import as_sweep
 
 # raised by Hydra before it writes anything: composing the config (MissingConfigException is one), reading the
 # overrides, finding --config-dir

@@ -78,7 +78,7 @@ def run_guarded(
     only rank 0 prints the line, and no rank removes the folder the others write into."""
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
-    from lmtrain.config.machine import ddp_child, several_processes
+    from lmtrain.cli.machine import ddp_child, several_processes
     from lmtrain.training.step import NonFiniteLossError
 
     launcher = os.getppid()  # rank 0, for a rank that Lightning's launcher started

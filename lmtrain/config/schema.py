@@ -30,7 +30,7 @@ from lmtrain.common.trainer_options import TrainerOptions
 
 PART_GROUPS = ("data", "model", "sampler", "output")  # the groups whose options are lmtrain's classes
 # schemas that a release renamed, under their old names for one more release (a user's YAML may extend them);
-# ``lmtrain.config.callback`` names the new one when a run uses an old one
+# ``lmtrain.cli.callback`` names the new one when a run uses an old one
 RENAMED = {
     "schema/output/cosine": "schema/output/rff",
     "schema/output/absolute": "schema/output/quadratic",
@@ -86,7 +86,7 @@ def register() -> None:
         schemas[f"{cls.group}/{cls.name}"] = schema_of(cls)
         if not (lmtrain.CONF_DIR / cls.group / f"{cls.name}.yaml").is_file():
             store(group=cls.group, name=cls.name, node=option_of(cls))
-    # lmtrain's sweeper (conf/train.yaml's hydra/sweeper): Hydra's basic one, scoping sampler keys (config/sweep.py)
+    # lmtrain's sweeper (conf/train.yaml's hydra/sweeper): Hydra's basic one, scoping sampler keys (cli/sweep.py)
     sweeper = {"_target_": "hydra_plugins.lmtrain_sweeper.scoped_sweeper.ScopedSweeper", "max_batch_size": None}
     store(group="hydra/sweeper", name="lmtrain", node={**sweeper, "params": None}, provider="lmtrain")
     for old, new in RENAMED.items():

@@ -5,7 +5,7 @@ a key that no job's sampler takes is refused before the sweep starts.
 Hydra composes a sweep's primary config with the default output, which may have no sampler, so ``as_sweep`` turns a
 fixed ``sampler.KEY=VALUE`` into a sweep of one, which that composition leaves out; ``scope_jobs`` then drops it
 from each job whose sampler lacks the key. lmtrain's sweeper (``hydra_plugins/lmtrain_sweeper``, Hydra's basic
-sweeper with ``scope_jobs``) runs the jobs so scoped; the config check (``lmtrain.config.callback``) checks them and
+sweeper with ``scope_jobs``) runs the jobs so scoped; the config check (``lmtrain.cli.callback``) checks them and
 says which jobs run without which key. ``+sampler.KEY``, ``++sampler.KEY`` and ``~sampler.KEY`` are left as written:
 they apply to every job."""
 

@@ -16,10 +16,10 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from lmtrain.cli.machine import check_machine, check_output_folder, ddp_child
+from lmtrain.cli.sweep import SAMPLER, scope_jobs, top_of, unused_key
 from lmtrain.config.explain import explain, sampler_takers
-from lmtrain.config.machine import check_machine, check_output_folder, ddp_child
 from lmtrain.config.schema import RENAMED
-from lmtrain.config.sweep import SAMPLER, scope_jobs, top_of, unused_key
 from lmtrain.config.validate import ConfigError, check_config
 
 SCOPED_SWEEPER = ".ScopedSweeper"  # lmtrain's sweeper (hydra_plugins/lmtrain_sweeper)
@@ -33,7 +33,7 @@ class ConfigRefused(BaseException):  # noqa: N818 (it travels like SystemExit)
 class CheckConfig(Callback):
     """Refuses (ConfigRefused, one line) before Hydra writes anything a run's or a sweep job's config with a value
     out of range, a key no part reads, a value left ``???``, what this machine cannot give
-    (``lmtrain.config.machine``) or an output folder this user cannot write."""
+    (``lmtrain.cli.machine``) or an output folder this user cannot write."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         warn_renamed(config)
@@ -58,7 +58,7 @@ class CheckConfig(Callback):
 def check_sweep(config: DictConfig) -> None:
     """Every job of a sweep of Hydra's basic sweeper or lmtrain's (the primary config for another sweeper, which
     chooses its jobs as it goes): ConfigError naming the first job that fails. With lmtrain's sweeper a sampler key
-    goes only to the jobs whose sampler takes it (``lmtrain.config.sweep``): one line on stderr names the jobs that
+    goes only to the jobs whose sampler takes it (``lmtrain.cli.sweep``): one line on stderr names the jobs that
     run without it, and a key that no job takes is refused."""
     target = str(config.hydra.sweeper.get("_target_"))
     if not target.endswith((".BasicSweeper", SCOPED_SWEEPER)):
