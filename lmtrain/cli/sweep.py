@@ -11,11 +11,12 @@ they apply to every job."""
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from omegaconf import DictConfig
+
+from lmtrain.common.ranges import did_you_mean
 
 SAMPLER = "sampler."
 JobCompose = Callable[[list[str]], DictConfig]  # a job's overrides -> its config, Hydra's node included
@@ -110,7 +111,5 @@ def unused_key(key: str, scoped: Scoped, takers: list[str]) -> str:
     where = f"{key} is not an option of any job's sampler ({jobs})"
     if takers:
         return f"{where}; it applies to output={'|'.join(takers)}"
-    close = difflib.get_close_matches(top_of(key), sorted(scoped.known), n=3)
-    return f"{where}; " + (
-        f"did you mean {' or '.join(SAMPLER + c for c in close)}?" if close else "no sampler takes it"
-    )
+    guess = did_you_mean(top_of(key), sorted(scoped.known), SAMPLER + "{}", n=3, cutoff=0.6)
+    return f"{where}; {guess or 'no sampler takes it'}"

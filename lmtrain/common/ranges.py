@@ -53,12 +53,12 @@ def enum_of(hint: Any) -> type[enum.Enum] | None:
     return next((arm for arm in arms(hint) if isinstance(arm, type) and issubclass(arm, enum.Enum)), None)
 
 
-def did_you_mean(value: Any, options: Any, shown: str = "{!r}") -> str:
-    """ "did you mean 'mean'?" when a string ``value`` is close to one of the string ``options`` (the guess shown
-    with the format ``shown``), else ''."""
+def did_you_mean(value: Any, options: Any, shown: str = "{!r}", n: int = 1, cutoff: float = 0.7) -> str:
+    """ "did you mean 'mean'?" when a string ``value`` is close to one of the string ``options`` (each guess shown
+    with the format ``shown``; up to ``n`` of them, joined by "or"), else ''."""
     names = [str(o) for o in options if isinstance(o, str)]
-    close = difflib.get_close_matches(value, names, n=1, cutoff=0.7) if isinstance(value, str) else []
-    return f"did you mean {shown.format(close[0])}?" if close else ""
+    close = difflib.get_close_matches(value, names, n=n, cutoff=cutoff) if isinstance(value, str) else []
+    return f"did you mean {' or '.join(shown.format(c) for c in close)}?" if close else ""
 
 
 def choices_of(hint: Any, limits: Mapping[str, Any]) -> tuple[Any, ...] | None:

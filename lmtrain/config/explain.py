@@ -72,10 +72,7 @@ def sampler_option(key: str, others: list[str], compose: Compose) -> str:
     known = sorted(str(k) for k in (reference.get("sampler") or {}) if not str(k).startswith("_"))
     takers = sampler_takers(top, others, compose)
     if not takers and known:  # no strategy's sampler has it: a typo of one of the chosen sampler's keys
-        import difflib
-
-        close = difflib.get_close_matches(top, known, n=3)
-        hint = f"did you mean {' or '.join('sampler.' + c for c in close)}?" if close else ""
+        hint = did_you_mean(top, known, "sampler.{}", n=3, cutoff=0.6)
         return f"sampler.{option} is not an option of any sampler; {hint or 'the options: ' + ', '.join(known)}"
     return f"sampler.{option} is not an option of output={output}; " + (
         f"it applies to output={'|'.join(takers)}" if takers else "no sampler takes it"

@@ -7,7 +7,6 @@ OmegaConf (``MissingMandatoryValue``) and named here."""
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import inspect
 from collections.abc import Iterator
 from typing import Any
@@ -16,7 +15,7 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
-from lmtrain.common.ranges import value_problems
+from lmtrain.common.ranges import did_you_mean, value_problems
 from lmtrain.common.runtime import Runtime
 
 UNRESOLVED = object()
@@ -113,8 +112,8 @@ def unknown_key(full: str, known: list[str], owner: str, present: list[str] | No
 
     Long lists (the Trainer's ~45 arguments) show the keys ``present`` in the config and name the ``owner``."""
     parent, _, key = full.rpartition(".")
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-    guess = f": did you mean {parent + '.' if parent else ''}{close[0]}?" if close else ""
+    guess = did_you_mean(key, known, (parent + "." if parent else "") + "{}", cutoff=0.6)
+    guess = f": {guess}" if guess else ""
     where = parent or "the top level"
     if present is not None and len(known) > 20:
         listed = f"{where} has {', '.join(present)}, or any other argument of {owner}"

@@ -17,6 +17,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from lmtrain.data.errors import DataError
+from lmtrain.data.window_lengths import fixed_lengths
 
 
 def batchify(ids: Tensor, batch_size: int, split: str = "data") -> Tensor:
@@ -57,7 +58,7 @@ class WindowDataset(Dataset):
         self.data, self.bptt = data, bptt
         positions = data.shape[1] - 1
         if lengths is None:
-            lengths = [bptt] * (positions // bptt) + ([positions % bptt] if positions % bptt else [])
+            lengths = fixed_lengths(positions, bptt)
         self.starts = list(itertools.accumulate(lengths, initial=0))  # window i: [starts[i], starts[i + 1])
         if self.starts[-1] != positions:
             raise ValueError(f"window lengths add up to {self.starts[-1]}, not the layout's {positions} positions")

@@ -65,7 +65,7 @@ class Words(Choice):
         return [word for word, _ in PUNCTUATION.pre_tokenize_str(line)]
 
     def settings(self) -> dict[str, str | int]:
-        """The tokenizer settings the cache key hashes (whitespace: as before this option existed)."""
+        """The tokenizer settings the cache key hashes (whitespace: the plain settings, no extra entry)."""
         return SETTINGS if self is Words.whitespace else {**SETTINGS, "split": "Whitespace"}
 
 

@@ -14,12 +14,17 @@ import numpy as np
 from lmtrain.data.options import BatchOptions
 
 
+def fixed_lengths(positions: int, bptt: int) -> list[int]:
+    """Windows of ``bptt`` positions over ``positions``, the last one shorter when they do not divide."""
+    full, rest = divmod(positions, bptt)
+    return [bptt] * full + ([rest] if rest else [])
+
+
 def window_lengths(positions: int, batch: BatchOptions, epoch: int) -> list[int]:
     """The lengths of the training windows of ``epoch`` over ``positions`` target positions per row, in order; they
     add up to ``positions``. Fixed ``batch.bptt`` windows (the last one shorter) unless ``batch.variable_bptt``."""
     if not batch.variable_bptt:
-        full, rest = divmod(positions, batch.bptt)
-        return [batch.bptt] * full + ([rest] if rest else [])
+        return fixed_lengths(positions, batch.bptt)
     rng = np.random.default_rng([batch.bptt_seed, epoch])
     lengths: list[int] = []
     left = positions

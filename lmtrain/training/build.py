@@ -81,6 +81,6 @@ def build_module(cfg: DictConfig, num_classes: int, counts: Tensor, train_ids: T
         log.warning(note, cfg.execution)
     model = OmegaConf.to_container(cfg.model, resolve=True)
     model.pop("sparse_embedding", None)  # how gradients are stored, not what the weights are: any checkpoint fits
-    model.pop("tie_weights", None)  # its own entry: checkpoints written before the key have none (untied)
+    model.pop("tie_weights", None)  # its own entry, "tied": a signature without one is untied
     module.signature = {"num_classes": num_classes, "output": cfg.output._target_, "model": model, "tied": tied}
     return module

@@ -114,7 +114,7 @@ def same(key: str, saved: Any, now: Any) -> bool:
     ``lmtrain.output.FullSoftmax``)."""
     if key == "output" and isinstance(saved, str) and isinstance(now, str):
         return saved.rsplit(".", 1)[-1] == now.rsplit(".", 1)[-1]
-    if key == "tied":  # checkpoints written before model.tie_weights have no entry: untied
+    if key == "tied":  # a signature without the entry is untied
         return bool(saved) == bool(now)
     if key == "model" and isinstance(saved, dict) and isinstance(now, dict) and set(saved) < set(now):
         # keys added to the model after the checkpoint was written match at their defaults (its model had none)

@@ -68,7 +68,7 @@ def sparse_rows_match_dense(optim: Mapping[str, Any]) -> bool:
     """Whether the optimizer ``optim`` describes applies sparse row gradients exactly as it would the dense gradient
     with zeros elsewhere: SGD and Adagrad without momentum or weight decay (the untouched rows would not move anyway).
     Adam would not (SparseAdam's moments are lazy), so a parameter made sparse under it would train differently."""
-    return optim.get("name") in ("sgd", "adagrad") and not any(optim.get(key) for key in _NO_SPARSE_KEYS)
+    return optim.get("name") in ("sgd", "adagrad") and sparse_rows_allowed(optim)
 
 
 def build_optimizer(

@@ -142,7 +142,8 @@ def train_step(
 ) -> Window:
     """One optimizer step on one window, as a training run takes it: forward, backward, the loss read and checked
     (``Window.value``), ``inspect`` (e.g. gradient norms before clipping), clipping, the optimizer step and the
-    output's after-step hook."""
+    output's after-step hook. A run's own step (``LanguageModel.optimizer_step``) adds what only a run has: the
+    learning rate scaled to a variable window's length, and the weight average's update."""
     window = window_loss(encoder, output, batch, state, loss_reduction)
     optimizer.zero_grad(set_to_none=True)
     window.objective.backward()

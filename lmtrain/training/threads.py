@@ -16,11 +16,17 @@ log = logging.getLogger("lmtrain")
 JOBS_ENV = "LMTRAIN_CONCURRENT_JOBS"  # how many lmtrain processes share this machine's cores (set it by hand)
 
 
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity, e.g. under taskset or a container's cpuset)."""
+def allowed_cpus() -> set[int]:
+    """The ids of the cores this process may run on (its CPU affinity, e.g. under taskset or a container's
+    cpuset); every core where the system has no affinity."""
     if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return max(1, os.cpu_count() or 1)
+        return set(os.sched_getaffinity(0))
+    return set(range(os.cpu_count() or 1))
+
+
+def usable_cores() -> int:
+    """How many cores this process may run on (``allowed_cpus``)."""
+    return max(1, len(allowed_cpus()))
 
 
 def concurrent_jobs() -> int:
@@ -62,12 +68,6 @@ def cpu_times(cpus: set[int]) -> tuple[int, int] | None:
             ticks = [int(v) for v in fields[:8]]  # user nice system idle iowait irq softirq steal
             idle, total = idle + ticks[3] + ticks[4], total + sum(ticks)
     return (idle, total) if total else None
-
-
-def allowed_cpus() -> set[int]:
-    if hasattr(os, "sched_getaffinity"):
-        return set(os.sched_getaffinity(0))
-    return set(range(os.cpu_count() or 1))
 
 
 def busy_cores(seconds: float | None = None) -> float | None:
