@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lmtrain.common.optim_options import OWN_KEYS
+from lmtrain.common.optim_options import OWN_KEYS, OptimOptions
 from lmtrain.common.precision import float32_region
 from lmtrain.model import State
 from lmtrain.output import OutputLayer
@@ -54,7 +54,10 @@ class LanguageModel(MeteredModule):
         self.loss_reduction = loss_reduction
         self.lr_window = lr_window
         self._lr_factor = 1.0  # this step's window length / lr_window
-        self.average = WeightAverage(self.optim["average"], self.optim["nonmono"])  # optim: the schema's, filled
+        # a saved run config without these keys takes their defaults
+        self.average = WeightAverage(
+            self.optim.get("average", OptimOptions.average), self.optim.get("nonmono", OptimOptions.nonmono)
+        )
         self._state: dict[str, State | None] = {"train": None, "val": None, "test": None}
         self._eval_sums: Tensor = torch.zeros(2, dtype=torch.float64)  # (sum of -log p, token count)
         self._batches_done = 0  # training windows finished in the current epoch
