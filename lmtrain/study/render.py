@@ -109,7 +109,7 @@ def render_table(spec: StudySpec, records: list[dict[str, Any]]) -> str:
 
 def render_plot(spec: StudySpec, records: list[dict[str, Any]], path: Path) -> Path:
     """The metric per cell with its seed spread: lines over the x key (log axis) if the study has one, else bars."""
-    from lmtrain.tools.figures import pyplot, save_figure
+    from lmtrain.tools.figures import plain_log_ticks, pyplot, save_figure
 
     plt = pyplot()
     stats = cell_stats(spec, records, spec.metric)
@@ -117,7 +117,8 @@ def render_plot(spec: StudySpec, records: list[dict[str, Any]], path: Path) -> P
     if spec.x:
         series: dict[str, list[tuple[float, CellStats]]] = {}
         for cell in spec.cells:
-            rest = ",".join(f"{k}={v}" for k, v in cell.values if k.lstrip("+") != spec.x) or cell.label
+            # the cell's other keys name its line; a grid of the x key alone is one line, named by the study
+            rest = ",".join(f"{k}={v}" for k, v in cell.values if k.lstrip("+") != spec.x) or spec.name
             if cell.get(spec.x) is None or not stats[cell.label].n:
                 continue
             series.setdefault(rest, []).append((float(cell.get(spec.x) or 0), stats[cell.label]))
@@ -144,6 +145,7 @@ def render_plot(spec: StudySpec, records: list[dict[str, Any]], path: Path) -> P
             ax.scatter([i] * s.n, s.values, s=10, color="black", zorder=3)
         ax.set_xticks(list(positions), [_short(s.label) for s in shown], rotation=35, ha="right", fontsize=8)
     ax.set(yscale="log", ylabel=f"{METRIC_NAMES[spec.metric]} (mean ± sd over seeds)", title=spec.name)
+    plain_log_ticks(ax)
     ax.grid(True, which="both", alpha=0.3)
     if spec.x and ax.lines:
         ax.legend(fontsize=7)
