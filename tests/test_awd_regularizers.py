@@ -134,7 +134,7 @@ def test_the_layer_stack_is_the_multi_layer_lstm_run_layer_by_layer():
     torch.manual_seed(0)
     lstm = nn.LSTM(D, D, 3, batch_first=True)
     torch.manual_seed(0)
-    stack = LayerStack(D, D, 3, between=0.0, weight_drop=0.0)
+    stack = LayerStack(D, [D] * 3, nn.Identity(), weight_drop=0.0)
     assert [p.shape for p in lstm.parameters()] == [p.shape for p in stack.parameters()]
     assert all(torch.equal(a, b) for a, b in zip(lstm.parameters(), stack.parameters(), strict=True))
     x, state = torch.randn(B, T, D), (torch.randn(3, B, D), torch.randn(3, B, D))
@@ -242,3 +242,18 @@ def test_resume_with_every_regularizer_on_is_bit_equal_to_the_uninterrupted_run(
     a, b = (torch.load(d / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"] for d in (straight, split))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert resumed["val/ppl"] == expected["val/ppl"]
+
+
+def test_a_stack_of_layers_of_different_widths_carries_its_state_across_windows():
+    """Two windows, the state carried between them, equal one window of both: the narrow layer's state is read back
+    from the first entries of its padded row, as written."""
+    torch.manual_seed(0)
+    stack = LayerStack(D, [2 * D, 2 * D, D], nn.Identity(), weight_drop=0.0)
+    x = torch.randn(B, 2 * T, D)
+    whole, (h, c) = stack(x, None)
+    first, state = stack(x[:, :T], None)
+    second, (h2, c2) = stack(x[:, T:], state)
+    assert whole.shape == (B, 2 * T, D) and h.shape == (3, B, 2 * D)
+    torch.testing.assert_close(torch.cat([first, second], dim=1), whole)
+    torch.testing.assert_close(h2, h)
+    torch.testing.assert_close(c2, c)

@@ -4,6 +4,7 @@ a kernel tree that follows the input side's rows too, checkpoints with one copy,
 
 from __future__ import annotations
 
+import copy
 import io
 
 import pytest
@@ -41,10 +42,10 @@ STRATEGIES = {
 SAMPLED = [name for name in STRATEGIES if not name.startswith("full")]
 
 
-def tied(*overrides: str, n: int = N, emb: int = 8, hidden: int = 8, seed: int = 0):
-    """A tied module (1 layer) for ``n`` classes with Zipf counts, the training stream ``markov_batches``'."""
+def tied(*overrides: str, n: int = N, emb: int = 8, hidden: int = 8, seed: int = 0, layers: int = 1):
+    """A tied module for ``n`` classes with Zipf counts, the training stream ``markov_batches``'."""
     cfg = compose_config(
-        ["data=synthetic", "model.num_layers=1", f"model.emb_dim={emb}", f"model.hidden_dim={hidden}"]
+        ["data=synthetic", f"model.num_layers={layers}", f"model.emb_dim={emb}", f"model.hidden_dim={hidden}"]
         + ["model.tie_weights=true", *overrides]
     )  # checked as composed
     torch.manual_seed(seed)
@@ -80,7 +81,7 @@ def written_out_log_probs(module, hidden):
 def test_the_tied_matrix_is_one_parameter_read_by_both_sides():
     module, _ = tied("output=unigram")
     weight = module.output.weight
-    assert module.encoder.embedding is None and module.encoder.project is None
+    assert module.encoder.embedding is None
     assert sum(p is weight for p in module.parameters()) == 1 and weight in module.sparse_parameters()
     assert not any("embedding" in key for key in module.state_dict())
     with torch.no_grad():
@@ -90,14 +91,17 @@ def test_the_tied_matrix_is_one_parameter_read_by_both_sides():
     assert sum(p is weight for g in optimizer.param_groups for p in g["params"]) == 1
 
 
-def test_a_projection_sizes_the_hidden_state_to_emb_dim_only_when_they_differ():
-    module, _ = tied("output=full", emb=6, hidden=10)
-    assert module.encoder.project.weight.shape == (6, 10) and module.output.weight.shape == (N, 6)
-    hidden, _ = module.encoder(torch.randint(0, N, (2, 3)))
-    assert hidden.shape == (2, 3, 6)
+def test_a_tied_models_top_layer_is_emb_dim_wide_only_when_the_sizes_differ():
+    module, _ = tied("output=full", emb=6, hidden=10, layers=3)
+    assert [layer.hidden_size for layer in module.encoder.lstm.layers] == [10, 10, 6]
+    assert module.output.weight.shape == (N, 6)
+    hidden, (h, c) = module.encoder(torch.randint(0, N, (2, 3)))
+    assert hidden.shape == (2, 3, 6) and h.shape == c.shape == (3, 2, 10)  # the state as one nn.LSTM's
+    assert not h[2, :, 6:].any() and h[2, :, :6].abs().sum() > 0  # the narrow top layer: its first entries
+    torch.testing.assert_close(h[2, :, :6], hidden[:, -1])  # the top layer's last hidden state is its output
     untied = compose_config(["data=synthetic", "model.emb_dim=6", "model.hidden_dim=10"])
     plain = build_module(untied, N, synthetic_counts(N), None)
-    assert plain.encoder.project is None and plain.output.weight.shape == (N, 10)
+    assert isinstance(plain.encoder.lstm, torch.nn.LSTM) and plain.output.weight.shape == (N, 10)
     with pytest.raises(ValueError, match="its own input embedding"):
         plain.encoder.tie(plain.output.embed)
 
@@ -105,7 +109,7 @@ def test_a_projection_sizes_the_hidden_state_to_emb_dim_only_when_they_differ():
 @pytest.mark.parametrize("chunk", [0, 7])
 def test_full_softmax_gradients_equal_a_hand_written_tied_model(chunk):
     """Both sides' gradients add up in the one matrix: the hand-written model indexes and multiplies one tensor."""
-    module, _ = tied("output=full", f"output.train_chunk={chunk}", emb=6, hidden=10)
+    module, _ = tied("output=full", f"output.train_chunk={chunk}", emb=6, hidden=10, layers=2)
     enc, out = module.encoder, module.output
     x, y = markov_batches(1)[0]
     hidden, _ = enc(x)
@@ -114,10 +118,8 @@ def test_full_softmax_gradients_equal_a_hand_written_tied_model(chunk):
     for side in ("both", "output only"):
         emb = out.weight.detach().clone().requires_grad_()
         rows = emb[x] if side == "both" else emb.detach()[x]
-        top = torch.nn.LSTM(6, 10, batch_first=True)
-        top.load_state_dict(enc.lstm.state_dict())
-        top.requires_grad_(False)
-        logits = top(rows)[0] @ enc.project.weight.detach().T @ emb.T + out.bias.detach()
+        top = copy.deepcopy(enc.lstm).requires_grad_(False)  # the same layers, 6 -> 10 -> 6
+        logits = top(rows, None)[0] @ emb.T + out.bias.detach()
         F.cross_entropy(logits.reshape(-1, N), y.reshape(-1)).backward()
         grads[side] = emb.grad
     torch.testing.assert_close(out.weight.grad, grads["both"], atol=1e-6, rtol=1e-5)
@@ -154,7 +156,7 @@ def test_sampled_row_gradients_of_both_sides_are_one_gradient(name):
 @pytest.mark.parametrize("name", list(STRATEGIES))
 def test_every_strategy_with_class_vectors_trains_tied_and_evaluates_exactly(name):
     extra = [] if name.startswith("full") else ["output.num_samples=20"]
-    module, cfg = tied(*STRATEGIES[name], *extra, "model.init_range=0.5", emb=16, hidden=24)  # with a projection
+    module, cfg = tied(*STRATEGIES[name], *extra, "model.init_range=0.5", emb=16, hidden=24)  # one layer, emb_dim wide
     optimizer = module.configure_optimizers()["optimizer"]
     batches = markov_batches(41)
     held, batches = batches[0], batches[1:]

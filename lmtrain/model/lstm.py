@@ -17,7 +17,7 @@ from lmtrain.model.dropout import WordDropout, activation_dropout
 from lmtrain.model.stack import LayerStack
 from lmtrain.model.weight_drop import run_lstm
 
-State = tuple[Tensor, Tensor]  # (h, c), each (num_layers, B, hidden_dim)
+State = tuple[Tensor, Tensor]  # (h, c), each (num_layers, B, the widest layer's width)
 RATE = MappingProxyType({"at_least": 0, "below": 1})  # a dropout probability
 
 
@@ -48,8 +48,8 @@ class LSTMOptions(Checked):
     # added to the training objective only: AR alpha * mean(dropped top output^2), TAR beta * mean((h_t - h_t-1)^2)
     activation_reg: float = field(default=0.0, metadata={"at_least": 0})
     temporal_activation_reg: float = field(default=0.0, metadata={"at_least": 0})
-    # the input embedding is the output layer's class vectors (one matrix, owned by the output); a linear map
-    # hidden_dim -> emb_dim before the output layer when the sizes differ. Its rows are sparse where the output's are
+    # the input embedding is the output layer's class vectors (one matrix, owned by the output); the top LSTM layer
+    # is then emb_dim wide, the others hidden_dim. Its rows are sparse where the output's are
     tie_weights: bool = False
 
     def rate(self, specific: float | None) -> float:
@@ -74,8 +74,9 @@ class LSTMEncoder(nn.Module, Part):
     (``lmtrain.training.optim.sparse_rows_match_dense``); constructed directly it means dense.
 
     ``tie_weights=True`` (Inan et al. 2017; Press & Wolf 2017) builds no embedding of its own: ``tie`` hands it the
-    output layer's lookup of its class vectors, and a linear map hidden_dim -> emb_dim (no bias) sizes the top
-    output to emb_dim when the two differ.
+    output layer's lookup of its class vectors, and the top LSTM layer is emb_dim wide (the others hidden_dim), as
+    in AWD-LSTM, so that the top output is a class vector's size. Its output is bounded like every LSTM output,
+    where a linear map up to emb_dim would be free to grow the logits.
     """
 
     group, name, Options = "model", "lstm", LSTMOptions  # model=lstm (``lmtrain.common.part``)
@@ -92,14 +93,14 @@ class LSTMEncoder(nn.Module, Part):
         self.tied: Callable[[Tensor], Tensor] | None = None  # the output's ``embed``, set by ``tie``
         self.word_drop = WordDropout(opts.word_dropout)
         between = opts.rate(opts.dropout_between) if opts.num_layers > 1 else 0.0
-        if opts.locked_dropout and between > 0:  # a mask per sequence between layers: the layers run one by one
-            self.lstm: nn.Module = LayerStack(opts.emb_dim, opts.hidden_dim, opts.num_layers, between, opts.weight_drop)
+        sizes = [opts.hidden_dim] * (opts.num_layers - 1) + [self.output_dim]  # a tied model's top layer: emb_dim
+        if (opts.locked_dropout and between > 0) or len(set(sizes)) > 1:  # what one nn.LSTM cannot do
+            drop = activation_dropout(between, opts.locked_dropout)
+            self.lstm: nn.Module = LayerStack(opts.emb_dim, sizes, drop, opts.weight_drop)
         else:
-            self.lstm = nn.LSTM(opts.emb_dim, opts.hidden_dim, opts.num_layers, dropout=between, batch_first=True)
+            self.lstm = nn.LSTM(opts.emb_dim, sizes[0], opts.num_layers, dropout=between, batch_first=True)
         self.drop_input = activation_dropout(opts.rate(opts.dropout_input), opts.locked_dropout)
         self.drop_output = activation_dropout(opts.rate(opts.dropout_output), opts.locked_dropout)
-        resize = opts.tie_weights and opts.hidden_dim != opts.emb_dim
-        self.project = nn.Linear(opts.hidden_dim, opts.emb_dim, bias=False) if resize else None
         for p in self.parameters():
             nn.init.uniform_(p, -opts.init_range, opts.init_range)
         # the AR / TAR terms of the last training forward, for the training objective (lmtrain.training.step)
@@ -107,7 +108,8 @@ class LSTMEncoder(nn.Module, Part):
 
     @property
     def output_dim(self) -> int:
-        """The size of the hidden states handed to the output layer: emb_dim when tied, else hidden_dim."""
+        """The size of the hidden states handed to the output layer (the top layer's width): emb_dim when tied, else
+        hidden_dim."""
         return self.options.emb_dim if self.options.tie_weights else self.hidden_dim
 
     def tie(self, embed: Callable[[Tensor], Tensor]) -> None:
@@ -131,10 +133,10 @@ class LSTMEncoder(nn.Module, Part):
         emb = self.drop_input(self.word_drop(embed(tokens), tokens, self.num_classes))  # (B, T, emb_dim)
         with lstm_region(emb.device):
             if isinstance(self.lstm, nn.LSTM):
-                raw, state = run_lstm(self.lstm, emb, state, opts.weight_drop)  # (B, T, hidden_dim)
+                raw, state = run_lstm(self.lstm, emb, state, opts.weight_drop)  # (B, T, output_dim)
             else:
                 raw, state = self.lstm(emb, state)
         out = self.drop_output(raw)
         ar, tar = opts.activation_reg, opts.temporal_activation_reg
         self.penalties = activation_penalties(raw, out, ar, tar) if self.training else {}
-        return (out if self.project is None else self.project(out)), state  # (B, T, output_dim)
+        return out, state  # (B, T, output_dim)
