@@ -32,6 +32,9 @@ class LSTMOptions(Checked):
     # on the embedding output, between layers and on the top output
     dropout: float = field(default=0.0, metadata=RATE)
     init_range: float = field(default=0.1, metadata={"above": 0})  # uniform(-init_range, init_range), every weight
+    # the LSTM layers' start: uniform: as every weight (init_range); torch: nn.LSTM's own, uniform(+-1/sqrt(width))
+    # per layer, as AWD-LSTM keeps it
+    lstm_init: str = field(default="uniform", metadata={"choices": ("uniform", "torch")})
     # sparse row gradients for the input embedding: a step touches only the rows of its tokens (what makes n = 10^6
     # affordable). auto: on when the optimizer updates sparse rows exactly as it would dense ones (sgd or adagrad
     # without momentum or weight decay), off otherwise (adam would switch the embedding to SparseAdam)
@@ -66,7 +69,7 @@ class LSTMEncoder(nn.Module, Part):
     ``lmtrain.model.stack``), word dropout, weight drop (``lmtrain.model.weight_drop``) and AR / TAR, whose terms
     a training forward leaves in ``penalties`` for the objective (``lmtrain.model.activation_reg``). With them off
     the encoder is the plain embedding, ``nn.LSTM`` and dropout. Every weight is initialised uniformly in
-    [-init_range, init_range].
+    [-init_range, init_range], the LSTM layers' as ``lstm_init`` says.
 
     ``sparse_embedding=True`` gives the input embedding sparse row gradients: a step then reads and writes only the
     rows of the window's tokens instead of all n x emb_dim entries (at n = 10^6 the dense gradient's zeroing,
@@ -103,6 +106,9 @@ class LSTMEncoder(nn.Module, Part):
         self.drop_output = activation_dropout(opts.rate(opts.dropout_output), opts.locked_dropout)
         for p in self.parameters():
             nn.init.uniform_(p, -opts.init_range, opts.init_range)
+        if opts.lstm_init == "torch":
+            for layer in (m for m in self.lstm.modules() if isinstance(m, nn.LSTM)):
+                layer.reset_parameters()
         # the AR / TAR terms of the last training forward, for the training objective (lmtrain.training.step)
         self.penalties: dict[str, Tensor] = {}
 
