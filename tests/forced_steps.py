@@ -24,8 +24,15 @@ from tests.test_output_contract import OUTPUTS, output_has_samples
 VOCAB, BATCH, M = 300, (4, 6), 20
 SMALL = ["data=synthetic", f"data.vocab_size={VOCAB}", "model.emb_dim=16", "model.hidden_dim=16", "model.num_layers=1"]
 SHARED = "++output.shared_negatives=true"
-CASES = [*((o, "") for o in OUTPUTS), ("rff", SHARED), ("quadratic", SHARED)]
-CASE_IDS = [f"{o}{'-shared' if e else ''}" for o, e in CASES]
+TIED = "model.tie_weights=true"  # one matrix read by both sides: the kernel tree follows the input side's rows too
+CASES = [
+    *((o, "") for o in OUTPUTS),
+    ("rff", SHARED),
+    ("quadratic", SHARED),
+    *((o, TIED) for o in ("full", "unigram", "rff", "quadratic", "nce")),
+]
+SUFFIX = {"": "", SHARED: "-shared", TIED: "-tied"}
+CASE_IDS = [f"{o}{SUFFIX[e]}" for o, e in CASES]
 
 
 def config(output: str, extra: str) -> DictConfig:

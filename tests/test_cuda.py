@@ -1,6 +1,6 @@
-"""On a GPU the CUDA paths compute what the CPU paths compute: a training step of every output strategy, and the
-kernel samplers' draws and log q. Marked ``cuda``: skipped without a GPU; ``pytest -m cuda`` runs them, and
-``scripts/bench_gpu.py`` runs them first.
+"""On a GPU the CUDA paths compute what the CPU paths compute: a training step of every output strategy (tied and
+untied), the kernel samplers' draws and log q, and a weight-dropped LSTM, which stays on cuDNN. Marked ``cuda``:
+skipped without a GPU; ``pytest -m cuda`` runs them, and ``scripts/bench_gpu.py`` runs them first.
 
 The step tests force the same negatives on both devices (``tests/forced_steps.py``), so everything but the random
 draw is compared.
@@ -8,13 +8,18 @@ draw is compared.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 
 import pytest
 import torch
 from lab.launches import synthetic_counts
+from torch import nn
+from torch.profiler import ProfilerActivity, profile
 
 from lmtrain.config import compose_config
+from lmtrain.model import weight_drop
+from lmtrain.model.weight_drop import run_lstm
 from lmtrain.output.sampled.base import SampledOutput
 from lmtrain.training.build import build_output
 from tests.forced_steps import CASE_IDS, CASES, assert_same_steps, config, two_steps
@@ -66,3 +71,41 @@ def test_kernel_draws_on_cuda_come_with_the_cpu_log_q_and_follow_it(output, shar
     q = cpu.propose(cpu.query(one)).log_q(torch.arange(60).unsqueeze(0) if not shared else torch.arange(60))
     distance = 0.5 * (counts / counts.sum() - q.reshape(-1).double().exp()).abs().sum()
     assert distance < 0.05, f"draws on cuda are {distance:.3f} away from the CPU's q in total variation"
+
+
+def weight_dropped_steps(lstm: nn.LSTM, inputs: torch.Tensor) -> list[torch.Tensor]:
+    """Two training forwards of ``run_lstm`` with weight drop, the backward of both, then one evaluation forward: the
+    outputs, then every weight's gradient and value, on the CPU."""
+    lstm.train()
+    outs = [run_lstm(lstm, inputs, None, 0.5)[0] for _ in range(2)]
+    sum(o.pow(2).sum() for o in outs).backward()
+    lstm.eval()
+    outs.append(run_lstm(lstm, inputs, None, 0.5)[0])
+    params = [p for _, p in sorted(lstm.named_parameters())]
+    return [t.detach().cpu() for t in (*outs, *(p.grad for p in params), *params)]
+
+
+def test_weight_drop_on_cuda_runs_cudnn_and_computes_what_the_cpu_computes(monkeypatch, exact_float32):
+    """Weight drop keeps cuDNN's LSTM on a GPU (``aten::_cudnn_rnn`` in the profile), warns about nothing (no
+    re-registered parameters, no weights outside cuDNN's flat buffer left over), and computes what the CPU computes
+    under the same masks: outputs, every gradient, and the parameters afterwards (a repacking of cuDNN's buffer that
+    wrote the dropped matrices into the parameters would change those, and the evaluation forward after them)."""
+    torch.manual_seed(0)
+    cpu = nn.LSTM(16, 16, 2, batch_first=True)
+    gpu = nn.LSTM(16, 16, 2, batch_first=True).cuda()
+    gpu.load_state_dict(cpu.state_dict())
+    masks = {n: torch.rand_like(w).gt(0.5).float().div(0.5) for n, w in cpu.named_parameters() if "weight_hh" in n}
+    monkeypatch.setattr(
+        weight_drop,
+        "dropped_recurrent_weights",
+        lambda lstm, p: {n: getattr(lstm, n) * m.to(getattr(lstm, n).device) for n, m in masks.items()},
+    )
+    inputs = torch.randn(4, 7, 16, generator=torch.Generator().manual_seed(1))
+    expected = weight_dropped_steps(cpu, inputs)
+    with profile(activities=[ProfilerActivity.CPU]) as prof, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # the profiler's own notes come at its exit, outside this block
+        got = weight_dropped_steps(gpu, inputs.cuda())
+    assert not caught, [str(w.message) for w in caught]
+    assert any(e.key == "aten::_cudnn_rnn" for e in prof.key_averages()), "the weight-dropped LSTM left cuDNN"
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
