@@ -1,6 +1,6 @@
-"""README's own-config example, run as a reader would copy it: every ```yaml block that names its file
+"""docs/usage.md's own-config example, run as a reader would copy it: every ```yaml block that names its file
 (``# DIR/GROUP/NAME.yaml``) is written to a folder, and every ``python -m lmtrain --config-dir DIR ...`` line of
-README is run on it (tiny model, a few steps)."""
+docs/usage.md is run on it (tiny model, a few steps)."""
 
 from __future__ import annotations
 
@@ -34,11 +34,11 @@ def leaves(node: object, prefix: str = "") -> dict[str, object]:
 
 
 def test_readme_config_examples_run_as_written(tmp_path):
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "usage.md").read_text()
     placeholder = re.compile(r"\b[A-Z]{2,}\b")  # NAME in prose: not a command to copy
     commands = sorted({c for c in COMMAND.findall(text) if not placeholder.search(c.replace("DIR", ""))})
     files = readme_files(text)
-    assert files and commands, "README lost its own-config example"
+    assert files and commands, "docs/usage.md lost its own-config example"
     folder = tmp_path / "DIR"
     for (group, name), block in files.items():
         (folder / group).mkdir(parents=True, exist_ok=True)
@@ -63,13 +63,13 @@ def test_readme_config_examples_run_as_written(tmp_path):
 
 
 def test_readme_says_what_its_own_output_option_gives(tmp_path):
-    """The comment of README's own output option names the proposal's power that option alone gives."""
+    """The comment of docs/usage.md's own output option names the proposal's power that option alone gives."""
     from lmtrain.config import compose_config
 
-    files = readme_files((ROOT / "README.md").read_text())
+    files = readme_files((ROOT / "docs" / "usage.md").read_text())
     [(name, block)] = [(name, block) for (group, name), block in files.items() if group == "output"]
     claimed = re.search(r"unigram proposal \(power ([\d.]+)", block)
-    assert claimed, "README's output example no longer names its proposal's power"
+    assert claimed, "docs/usage.md's output example no longer names its proposal's power"
     (tmp_path / "output").mkdir()
     (tmp_path / "output" / f"{name}.yaml").write_text(block)
     cfg = compose_config([f"output={name}", "run_dir=/tmp/unused"], config_dir=tmp_path)
