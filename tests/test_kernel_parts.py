@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -26,6 +30,24 @@ def test_the_parts_share_one_feature_map_and_only_it_is_checkpointed():
     assert tree.walk.store is tree.store and tree.scorer.store is tree.store
     assert list(tree.state_dict()) == ["features.omega"]
     assert [name for name, _ in tree.named_modules()] == ["", "features", "store", "store.cache"]
+
+
+FREQUENCIES = (
+    "import torch; from lmtrain.sampler.kernel import RandomFourierFeatures; "
+    "print(RandomFourierFeatures(D=64, seed=3).frequencies(20).double().sum().item().hex())"
+)
+
+
+def test_a_seed_gives_the_same_frequencies_on_every_cpu():
+    """The frequencies of a seed do not depend on the CPU's vector width (torch's float32 normal draws do: its AVX2
+    path rounds them differently), so a run's feature map is the same on every machine; fails for a float32 draw on
+    any x86 CPU with AVX2, where both of torch's code paths can be forced."""
+    drawn = set()
+    for capability in ("default", "avx2"):
+        env = {**os.environ, "ATEN_CPU_CAPABILITY": capability}
+        done = subprocess.run([sys.executable, "-c", FREQUENCIES], env=env, capture_output=True, text=True, check=True)
+        drawn.add(done.stdout.strip())
+    assert len(drawn) == 1
 
 
 @pytest.mark.parametrize("device", DEVICES)

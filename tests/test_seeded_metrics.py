@@ -4,10 +4,9 @@ older versions of lmtrain wrote, are compared with values recorded before a chan
 After a change that is meant to alter them, record them again: ``python -m tests.test_seeded_metrics`` (the old-run
 fixtures stay as older code wrote them unless ``--old-runs`` replaces them).
 
-The values depend on the CPU's vector width: ``runs`` were recorded on AVX-512 CPUs; on an AVX2-only CPU the kernel
-samplers' float rounding differs in the last bits, a draw or two part ways within 20 steps and their metrics differ by
-about 0.4%. ``by_cpu`` keeps, per ``torch.backends.cpu.get_cpu_capability()``, the outputs whose values differ there,
-recorded by the same code (``python -m tests.test_seeded_metrics --cpu``).
+The seeded runs are float64 (``trainer.precision=64-true``), so that they give the same values on every CPU: in
+float32, CPUs of different vector widths round products and torch's normal draws differently in the last bits, and
+within 20 steps a kernel sampler's draw or two part ways on one of them (its metrics then differ by about 0.5%).
 """
 
 from __future__ import annotations
@@ -36,12 +35,13 @@ def output_choices() -> list[str]:
 
 
 def seeded_overrides(output: str, run_dir: Path) -> list[str]:
-    """20 optimizer steps of a tiny model on a small synthetic corpus, seed 7."""
+    """20 optimizer steps of a tiny float64 model on a small synthetic corpus, seed 7."""
     common = [o for o in TINY if not o.startswith("data.")]
     data = ["data.train_tokens=20000", "data.valid_tokens=2000", "data.test_tokens=2000"]
     data += ["data.batch_size=8", "data.bptt=10"]
     sampler = ["sampler.D=32"] if output == "rff" else []
-    return [*common, *data, f"output={output}", *sampler, "trainer.max_steps=20", "seed=7", f"run_dir={run_dir}"]
+    run = ["trainer.max_steps=20", "trainer.precision=64-true", "seed=7", f"run_dir={run_dir}"]
+    return [*common, *data, f"output={output}", *sampler, *run]
 
 
 def seeded_run(output: str, run_dir: Path) -> dict[str, float]:
@@ -68,9 +68,8 @@ def sequence_log_prob(run: Path) -> float:
 
 
 def expected_runs() -> dict[str, dict[str, float]]:
-    """The recorded metrics of every output choice for this machine's CPU (``by_cpu`` over ``runs``)."""
-    recorded = json.loads(EXPECTED.read_text())
-    return {**recorded["runs"], **recorded.get("by_cpu", {}).get(torch.backends.cpu.get_cpu_capability(), {})}
+    """The recorded metrics of every output choice."""
+    return json.loads(EXPECTED.read_text())["runs"]
 
 
 def test_the_expected_values_cover_every_output_choice():
@@ -82,6 +81,21 @@ def test_a_seeded_run_gives_the_recorded_metrics(output, tmp_path, monkeypatch):
     monkeypatch.setenv("LMTRAIN_CACHE_DIR", str(tmp_path / "cache"))
     expected = expected_runs()[output]
     assert seeded_run(output, tmp_path / "run") == pytest.approx(expected, rel=1e-5)
+
+
+def test_a_float64_run_builds_its_model_in_float64(tmp_path, monkeypatch):
+    """Under 64-true the model is made in float64 (what makes the seeded runs CPU-independent): its weights and a
+    kernel tree's first node sums are float64's from the start, not float32 values converted afterwards."""
+    from lmtrain.training.build import build_model
+
+    monkeypatch.setenv("LMTRAIN_CACHE_DIR", str(tmp_path / "cache"))
+    _, module = build_model(make_config(seeded_overrides("rff", tmp_path / "run")))
+    assert {p.dtype for p in module.parameters()} == {torch.float64}
+    tree = module.output.sampler.tree
+    nodes = tree.nodes.clone()
+    tree.rebuild(module.output.weight.detach())  # the float64 sums of the float64 weights
+    assert nodes.dtype == torch.float64 and torch.equal(nodes, tree.nodes)
+    assert torch.get_default_dtype() == torch.float32  # the process's default is back
 
 
 @pytest.mark.parametrize("output", ["full", "rff"])
@@ -104,21 +118,7 @@ def record(scratch: Path, replace_old_runs: bool = False) -> None:
         for name in ("config.yaml", "vocab.tsv", "checkpoints/last.ckpt"):
             shutil.copy(scratch / output / name, target / name)
         old_runs[output] = sequence_log_prob(target)
-    by_cpu = json.loads(EXPECTED.read_text()).get("by_cpu", {})
-    EXPECTED.write_text(
-        json.dumps({"runs": runs, "old_runs": old_runs, "by_cpu": by_cpu}, indent=1, sort_keys=True) + "\n"
-    )
-
-
-def record_cpu(scratch: Path) -> None:
-    """Record, for this machine's CPU capability, the output choices whose metrics differ from ``runs``."""
-    recorded = json.loads(EXPECTED.read_text())
-    runs = {output: seeded_run(output, scratch / output) for output in output_choices()}
-    differ = {o: m for o, m in runs.items() if m != pytest.approx(recorded["runs"][o], rel=1e-5)}
-    cpu = torch.backends.cpu.get_cpu_capability()
-    recorded.setdefault("by_cpu", {})[cpu] = differ
-    EXPECTED.write_text(json.dumps(recorded, indent=1, sort_keys=True) + "\n")
-    print(f"{cpu}: {sorted(differ) or 'none'} differ", file=sys.stderr)
+    EXPECTED.write_text(json.dumps({"runs": runs, "old_runs": old_runs}, indent=1, sort_keys=True) + "\n")
 
 
 if __name__ == "__main__":
@@ -128,8 +128,5 @@ if __name__ == "__main__":
     os.environ.setdefault("WANDB_MODE", "disabled")
     with tempfile.TemporaryDirectory() as scratch:
         os.environ["LMTRAIN_CACHE_DIR"] = str(Path(scratch) / "cache")
-        if "--cpu" in sys.argv:
-            record_cpu(Path(scratch))
-        else:
-            record(Path(scratch), replace_old_runs="--old-runs" in sys.argv)
+        record(Path(scratch), replace_old_runs="--old-runs" in sys.argv)
     print(f"recorded {EXPECTED}", file=sys.stderr)

@@ -9,9 +9,12 @@ Every part class names the values it takes from the data and the model in ``runt
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import lightning as L
+import torch
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
@@ -60,7 +63,24 @@ def build_model(cfg: DictConfig) -> tuple[L.LightningDataModule, LanguageModel]:
     """The data module (set up) and the LanguageModel (encoder + output strategy) that ``cfg`` describes."""
     datamodule = instantiate(cfg.data)
     datamodule.setup()
-    return datamodule, build_module(cfg, datamodule.num_classes, datamodule.counts, datamodule.train_ids)
+    with parameters_of(str(cfg.trainer.get("precision", "32-true"))):
+        return datamodule, build_module(cfg, datamodule.num_classes, datamodule.counts, datamodule.train_ids)
+
+
+@contextmanager
+def parameters_of(precision: str) -> Iterator[None]:
+    """Under ``trainer.precision=64-true`` the model is made in float64 from the start, as Lightning's
+    ``Trainer.init_module`` makes it: its initial values and a kernel tree's first sums are then float64's, not
+    float32's converted afterwards. Any other precision keeps float32 weights (mixed precision casts the products)."""
+    if precision not in ("64-true", "64"):
+        yield
+        return
+    dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(dtype)
 
 
 def build_module(cfg: DictConfig, num_classes: int, counts: Tensor, train_ids: Tensor | None) -> LanguageModel:

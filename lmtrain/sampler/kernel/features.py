@@ -102,10 +102,13 @@ class RandomFourierFeatures(FeatureMap):
         return 2 * self.num_frequencies
 
     def frequencies(self, in_features: int) -> Tensor:
-        """Omega (D, d); drawn from ``seed`` (not the global RNG) the first time d is seen."""
+        """Omega (D, d); drawn from ``seed`` (not the global RNG) the first time d is seen, the same on every CPU."""
         if self.omega.shape[1] == 0:
             gen = torch.Generator().manual_seed(self.seed)
-            omega = torch.randn(self.num_frequencies, in_features, generator=gen) * math.sqrt(self.nu)
+            # drawn in float64: torch's float32 normal sampler rounds differently on AVX2 CPUs, float64's is the same
+            # on every CPU, so a seed gives the same frequencies on every machine
+            shape = (self.num_frequencies, in_features)
+            omega = torch.randn(shape, generator=gen, dtype=torch.float64) * math.sqrt(self.nu)  # (D, d)
             self.omega = omega.to(self.omega.device, self.omega.dtype)
         if self.omega.shape[1] != in_features:
             raise ValueError(
