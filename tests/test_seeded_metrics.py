@@ -6,7 +6,7 @@ fixtures stay as older code wrote them unless ``--old-runs`` replaces them).
 
 The seeded runs are float64 (``trainer.precision=64-true``), so that they give the same values on every CPU: in
 float32, CPUs of different vector widths round products and torch's normal draws differently in the last bits, and
-within 20 steps a kernel sampler's draw or two part ways on one of them (its metrics then differ by about 0.5%).
+within 20 steps a kernel sampler's draw or two part ways on one of them.
 """
 
 from __future__ import annotations

@@ -16,12 +16,11 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from lmtrain.common.precision import PRECISION_ALIASES
 from lmtrain.config.validate import ConfigError
 
 # the accelerator names Lightning takes for a GPU, and the kind of device each one needs (``machine_has``)
 GPU_NAMES = {"gpu": "GPU", "cuda": "CUDA GPU", "mps": "MPS (Apple silicon) GPU", "tpu": "TPU"}
-# precision names Lightning also takes, under the names it reports once it has built a Trainer
-PRECISION_ALIASES = {"16": "16-mixed", "bf16": "bf16-mixed", "32": "32-true", "64": "64-true"}
 DEVICE_NAMES = {"CPUAccelerator": "the CPU", "CUDAAccelerator": "a CUDA GPU", "MPSAccelerator": "an MPS GPU"}
 
 

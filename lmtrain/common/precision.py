@@ -21,6 +21,8 @@ import torch
 
 AUTOCAST_DEVICES = ("cpu", "cuda")
 LOW_PRECISION = (torch.bfloat16, torch.float16)
+# precision names Lightning also takes, under the names it reports once it has built a Trainer
+PRECISION_ALIASES = {"16": "16-mixed", "bf16": "bf16-mixed", "32": "32-true", "64": "64-true"}
 F = TypeVar("F", bound=Callable[..., Any])
 log = logging.getLogger(__name__)
 

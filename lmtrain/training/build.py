@@ -9,16 +9,16 @@ Every part class names the values it takes from the data and the model in ``runt
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import lightning as L
-import torch
 from hydra.utils import get_class, instantiate
+from lightning.pytorch.plugins.precision import DoublePrecision
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 
+from lmtrain.common.precision import PRECISION_ALIASES
 from lmtrain.common.runtime import Runtime
 from lmtrain.training.module import LanguageModel
 from lmtrain.training.optim import sparse_rows_allowed, sparse_rows_match_dense
@@ -67,20 +67,12 @@ def build_model(cfg: DictConfig) -> tuple[L.LightningDataModule, LanguageModel]:
         return datamodule, build_module(cfg, datamodule.num_classes, datamodule.counts, datamodule.train_ids)
 
 
-@contextmanager
-def parameters_of(precision: str) -> Iterator[None]:
-    """Under ``trainer.precision=64-true`` the model is made in float64 from the start, as Lightning's
-    ``Trainer.init_module`` makes it: its initial values and a kernel tree's first sums are then float64's, not
-    float32's converted afterwards. Any other precision keeps float32 weights (mixed precision casts the products)."""
-    if precision not in ("64-true", "64"):
-        yield
-        return
-    dtype = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(dtype)
+def parameters_of(precision: str) -> AbstractContextManager:
+    """Under ``trainer.precision=64-true`` the model is made in float64 from the start, in Lightning's own
+    ``module_init_context``: its initial values and a kernel tree's first sums are then float64's, not float32's
+    converted afterwards. Any other precision keeps float32 weights (mixed precision casts the products)."""
+    double = PRECISION_ALIASES.get(precision, precision) == "64-true"
+    return DoublePrecision().module_init_context() if double else nullcontext()
 
 
 def build_module(cfg: DictConfig, num_classes: int, counts: Tensor, train_ids: Tensor | None) -> LanguageModel:
