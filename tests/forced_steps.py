@@ -25,19 +25,22 @@ VOCAB, BATCH, M = 300, (4, 6), 20
 SMALL = ["data=synthetic", f"data.vocab_size={VOCAB}", "model.emb_dim=16", "model.hidden_dim=16", "model.num_layers=1"]
 SHARED = "++output.shared_negatives=true"
 TIED = "model.tie_weights=true"  # one matrix read by both sides: the kernel tree follows the input side's rows too
+# tied with a wider lower layer (AWD-LSTM's shape): the top layer's state is a strided slice of the padded state
+TIED_NARROW = "model.tie_weights=true model.num_layers=2 model.hidden_dim=24"
 CASES = [
     *((o, "") for o in OUTPUTS),
     ("rff", SHARED),
     ("quadratic", SHARED),
     *((o, TIED) for o in ("full", "unigram", "rff", "quadratic", "nce")),
+    ("full", TIED_NARROW),
 ]
-SUFFIX = {"": "", SHARED: "-shared", TIED: "-tied"}
+SUFFIX = {"": "", SHARED: "-shared", TIED: "-tied", TIED_NARROW: "-tied-narrow"}
 CASE_IDS = [f"{o}{SUFFIX[e]}" for o, e in CASES]
 
 
 def config(output: str, extra: str) -> DictConfig:
     samples = [f"output.num_samples={M}"] if output_has_samples(output) else []
-    return compose_config([*SMALL, f"output={output}", *samples, *([extra] if extra else [])])
+    return compose_config([*SMALL, f"output={output}", *samples, *extra.split()])
 
 
 def built(cfg: DictConfig, device: str, gpu_forms: bool) -> LanguageModel:

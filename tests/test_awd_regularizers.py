@@ -257,3 +257,16 @@ def test_a_stack_of_layers_of_different_widths_carries_its_state_across_windows(
     torch.testing.assert_close(torch.cat([first, second], dim=1), whole)
     torch.testing.assert_close(h2, h)
     torch.testing.assert_close(c2, c)
+
+
+def test_each_layer_of_a_stack_of_different_widths_gets_a_contiguous_state():
+    """cuDNN's LSTM refuses a strided state ("rnn: hx is not contiguous"); the CPU's accepts it, so this checks what
+    each layer receives: the narrow layer's slice of the padded state is made contiguous."""
+    torch.manual_seed(0)
+    stack = LayerStack(D, [2 * D, D], nn.Identity(), weight_drop=0.0)
+    seen: list[bool] = []
+    for layer in stack.layers:
+        layer.register_forward_pre_hook(lambda _m, args: seen.extend(s.is_contiguous() for s in args[1] or ()))
+    _, state = stack(torch.randn(B, T, D), None)
+    stack(torch.randn(B, T, D), state)
+    assert seen == [True] * 4

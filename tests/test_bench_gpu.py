@@ -46,8 +46,9 @@ def test_the_quick_cpu_run_writes_every_cell_the_goals_and_the_table(bench_gpu, 
             assert cell["steps_timed"] == [4]  # 6 steps, 2 of warm-up
             assert "+callbacks.clock.path=RUN_DIR/clock.json" in cell["overrides"]
     goals = [(c["goal"], c["precision"]) for c in record["checks"]]
-    assert len(goals) == 6 and all(c["verdict"] in ("PASS", "FAIL") for c in record["checks"])
-    assert ("per-position rff / full >= 5", "bf16-mixed") in goals
+    # 300 classes: only the goal about every corpus (the rff goals are about 10^4 and 10^6 classes)
+    assert len(goals) == 2 and all(c["verdict"] in ("PASS", "FAIL") for c in record["checks"])
+    assert ("lmtrain full / plain PyTorch loop >= 0.9", "bf16-mixed") in goals
     table = out.with_suffix(".md").read_text()
     assert table == render_bench(out)  # what `python -m lmtrain.study --check` compares
     assert (
@@ -140,3 +141,24 @@ def test_the_plain_loop_with_its_loss_read_waits_once_more_a_step(bench_gpu, one
             assert bench_gpu.plain_round(bench, "synthetic:300", read_loss=read) > 0
         syncs[read] = counter.counts.sync_ops.get("_local_scalar_dense", 0)
     assert syncs[True] - syncs[False] == 5  # one read a step (the data's setup reads a few values either way)
+
+
+def test_each_goal_holds_only_at_its_own_number_of_classes():
+    """The 10^4 goal is not read at 10^6 (nor the 10^6 goal at 10^5) when a record covers other corpora than the
+    default three: goals follow the corpora's sizes, not their order."""
+    from lmtrain.study.gpu_bench import checks
+
+    speeds = {"full": 100.0, "rff": 300.0, "plain loop": 100.0}
+    for corpora in (["zipf:1000000"], ["ptb", "zipf:100000"], ["ptb", "zipf:100000", "zipf:1000000"]):
+        classes = {"ptb": 10**4, "zipf:100000": 10**5, "zipf:1000000": 10**6}
+        cells = [
+            {"corpus": c, "precision": "32-true", "strategy": s, "status": "ok", "tokens_per_sec": [v]}
+            for c in corpora
+            for s, v in speeds.items()
+        ]
+        record = {"cells": cells, "settings": {"corpora": corpora, "precisions": ["32-true"], "classes": classes}}
+        held = {(c["corpus"], c["goal"]) for c in checks(record)}
+        rff = {corpus for corpus, goal in held if goal.startswith("per-position rff / full >= 0.5")}
+        rff_scale = {corpus for corpus, goal in held if goal.startswith("per-position rff / full >= 5")}
+        assert rff == ({"ptb"} & set(corpora)) and rff_scale == ({"zipf:1000000"} & set(corpora))
+        assert {corpus for corpus, goal in held if "plain" in goal} == set(corpora)

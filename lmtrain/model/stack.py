@@ -11,6 +11,12 @@ from torch.nn import functional as F
 from lmtrain.model.weight_drop import run_lstm
 
 
+def narrow(state: Tensor, layer: int, size: int) -> Tensor:
+    """Layer ``layer``'s part (1, B, size) of a padded state (num_layers, B, width), contiguous: a narrow layer's
+    slice is strided, and cuDNN's LSTM takes only contiguous states."""
+    return state[layer : layer + 1, :, :size].contiguous()
+
+
 class LayerStack(nn.Module):
     """Single-layer LSTMs of widths ``sizes`` (the first reads ``input_dim``), ``between`` (a dropout module) on the
     output of each but the last, and weight drop at rate ``weight_drop`` on each layer's hidden-to-hidden matrix in
@@ -30,7 +36,8 @@ class LayerStack(nn.Module):
         """x (B, T, input_dim) -> top output (B, T, sizes[-1]), new state."""
         hs, cs = [], []
         for k, (layer, size) in enumerate(zip(self.layers, self.sizes, strict=True)):
-            layer_state = None if state is None else (state[0][k : k + 1, :, :size], state[1][k : k + 1, :, :size])
+            # a narrow layer's slice of the padded state is strided; cuDNN takes only contiguous states
+            layer_state = None if state is None else (narrow(state[0], k, size), narrow(state[1], k, size))
             x, (h, c) = run_lstm(layer, x, layer_state, self.weight_drop)  # (B, T, size); h, c (1, B, size)
             hs.append(F.pad(h, (0, self.width - size)))  # (1, B, width)
             cs.append(F.pad(c, (0, self.width - size)))

@@ -79,7 +79,9 @@ class KernelSampler(Sampler):
 
     def place(self, weight: Tensor) -> None:
         """Choose the tree's backend for the device of ``weight``, once per device: the fixed-shape backend on a
-        GPU, the walk elsewhere, unless ``backend`` forces one."""
+        GPU, the walk elsewhere, unless ``backend`` forces one. The sampler's own buffers (RFF's frequencies) go
+        where the weights are, also for a sampler used outside a model that was moved."""
+        self.to(weight.device)
         fixed = self.backend == "fixed" or (self.backend == "auto" and weight.is_cuda)
         if fixed != self.tree.fixed_backend:
             self.tree.use_fixed_backend(fixed)
