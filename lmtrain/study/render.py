@@ -53,7 +53,8 @@ def _reference_for(spec: StudySpec, cell: Cell, stats: dict[str, CellStats]) -> 
     """The cell a row is compared with: the declared reference, its twin with the ``pair`` value, else (with an x
     axis) the best cell at its x."""
     if spec.reference:
-        return stats[spec.reference]
+        reference = spec.reference_of(cell)
+        return None if reference is None else stats[reference.label]
     if spec.pair:
         key, value = spec.pair.split("=", 1)
         twin = tuple((k, value if k.lstrip("+") == key else v) for k, v in cell.values)
@@ -79,6 +80,7 @@ def render_table(spec: StudySpec, records: list[dict[str, Any]]) -> str:
     second = cell_stats(spec, records, other)
     keys = _varying_keys(spec.cells)
     against = f"vs {spec.reference or spec.pair}" if spec.reference or spec.pair else ""
+    against += f" (same {spec.within})" if spec.within else ""
     against = against or (f"vs best at same {spec.x}" if spec.x else "")
     header = [*keys, "seeds", f"{METRIC_NAMES[spec.metric]} (mean ± sd)", METRIC_NAMES[other]]
     header += [against] if against else []

@@ -12,10 +12,14 @@ A study is a YAML file (the package's own in ``conf/study/``, or any file a user
     seeds: [1, 2, 3]                       # every other cell runs once per seed
     metric: test/ppl                       # test/ppl | val/ppl (the best validation)
     reference: output=full                 # the cell every other is compared with (optional), or
+    within: data                           # optional, with reference: compared with the reference cell that has
+                                           # the same value of this grid key (one reference per corpus)
     pair: output.shared_negatives=false    # each cell compared with its twin that has this value (optional)
     x: output.num_samples                  # optional: drawn on the x axis (lines), else one bar per cell
     budgets: [1, 2, 4, 7]                  # optional, runs limited by training time: the best val ppl within each
                                            # of these minutes, and the curves against time (summary.md, PNG)
+    survey: {...}                          # optional: a table of approaches beside published ratings
+                                           # (lmtrain.study.survey, survey.md)
 
 A cell is one combination of a block's values; its label is its overrides joined by commas (``output=rff,
 sampler.unigram_share=0``), and a run is a cell with ``seed=S``.
@@ -79,12 +83,24 @@ class StudySpec:
     seeds: list[int]
     metric: str = "test/ppl"
     reference: str | None = None
+    within: str | None = None
     pair: str | None = None
     x: str | None = None
     budgets: list[float] | None = None  # training minutes of the equal-time summary (summary.md), if any
     source: Path | None = None
     notes: list[str] = field(default_factory=list)
     cell_seeds: dict[Cell, list[int]] = field(default_factory=dict)  # a block's own seeds, where it names them
+    survey: dict[str, Any] | None = None  # the survey table's declaration (lmtrain.study.survey), if any
+
+    def reference_of(self, cell: Cell) -> Cell | None:
+        """The declared reference cell that ``cell`` is compared with: the one with the reference's values and, with
+        ``within``, the same value of that key as ``cell``."""
+        if self.reference is None:
+            return None
+        wanted = dict(pair.split("=", 1) for pair in self.reference.split(","))
+        if self.within:
+            wanted[self.within] = cell.get(self.within) or ""
+        return next((c for c in self.cells if {k.lstrip("+"): v for k, v in c.values} == wanted), None)
 
     def seeds_of(self, cell: Cell) -> list[int]:
         """The seeds a cell runs with: its block's, else the study's."""
@@ -106,7 +122,8 @@ def _value(value: Any) -> str:
 def parse_spec(name: str, data: dict[str, Any], source: Path | None = None) -> StudySpec:
     """Check and parse one declaration; errors name the file and the key."""
     where = f"study {name}" + (f" ({source})" if source else "")
-    known = {"description", "overrides", "grid", "seeds", "metric", "reference", "pair", "x", "budgets", "notes"}
+    known = {"description", "overrides", "grid", "seeds", "metric", "reference", "within", "pair", "x", "budgets"}
+    known |= {"notes", "survey"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise StudyError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")
@@ -130,8 +147,13 @@ def parse_spec(name: str, data: dict[str, Any], source: Path | None = None) -> S
     metric = data.get("metric", "test/ppl")
     if metric not in METRICS:
         raise StudyError(f"{where}: metric must be one of {', '.join(METRICS)}, got {metric!r}")
-    reference = data.get("reference")
-    if reference is not None and reference not in {c.label for c in cells}:
+    reference, within = data.get("reference"), data.get("within")
+    if within is not None and (reference is None or within not in {k.lstrip("+") for c in cells for k, _ in c.values}):
+        raise StudyError(f"{where}: 'within' names a grid key and needs a 'reference'")
+    labels = {c.label for c in cells}
+    if within is not None:  # the reference's values, completed by each value of the within key
+        labels = {",".join(p for p in c.label.split(",") if not p.startswith(f"{within}=")) for c in cells}
+    if reference is not None and reference not in labels:
         raise StudyError(f"{where}: reference {reference!r} is not a cell of the grid")
     pair = data.get("pair")
     if pair is not None and (reference is not None or "=" not in str(pair)):
@@ -149,12 +171,14 @@ def parse_spec(name: str, data: dict[str, Any], source: Path | None = None) -> S
         seeds=seeds,
         metric=metric,
         reference=reference,
+        within=within,
         pair=None if pair is None else str(pair),
         x=data.get("x"),
         budgets=None if budgets is None else [float(b) for b in budgets],
         source=source,
         notes=[str(n) for n in data.get("notes", [])],
         cell_seeds=cell_seeds,
+        survey=data.get("survey"),
     )
 
 
