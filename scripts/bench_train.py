@@ -137,6 +137,13 @@ def lmtrain_round(
     return training_throughput(run_dir, warmup), losses
 
 
+def labelled(entry: str) -> tuple[str, str]:
+    """``LABEL=OUTPUT[:OVERRIDE...]`` -> (LABEL, OUTPUT[:OVERRIDE...]); an entry without a label is its own label.
+    A label is told from an override by coming before the first colon."""
+    head = entry.split(":", 1)[0]
+    return tuple(entry.split("=", 1)) if "=" in head else (entry, entry)  # type: ignore[return-value]
+
+
 def peak_memory_mib(device: str) -> float:
     """This process's peak memory: resident set (CPU) or torch's peak allocated CUDA memory."""
     if device == "cuda":
@@ -211,7 +218,7 @@ def main(argv: list[str] | None = None) -> dict:
         "--outputs",
         default="full,uniform,unigram,nce,negative,hsm,adaptive,quadratic,rff",
         help="comma list of strategies; an entry may add its own overrides after colons, e.g. "
-        "uniform:++output.shared_negatives=false",
+        "uniform:++output.shared_negatives=false, and a label before '=': target=sampled:sampler=target",
     )
     parser.add_argument("--experiment", default="zaremba_small", help="an experiment config, or none")
     parser.add_argument("--data", default=None, help="comma list of corpora: ptb, wikitext2, zipf:N (N types)")
@@ -253,7 +260,8 @@ def main(argv: list[str] | None = None) -> dict:
         rate, losses = lmtrain_round(cell["entry"], args, Path(cell["workdir"]), cell["index"], cell["data"])
         print(json.dumps({"tokens_per_sec": rate, "peak_mib": peak_memory_mib(args.device or "cpu"), "loss": losses}))
         return {}
-    outputs = [o for o in args.outputs.split(",") if o]
+    outputs = [labelled(o)[0] for o in args.outputs.split(",") if o]
+    entries = dict(labelled(o) for o in args.outputs.split(",") if o)
     corpora: list[str | None] = [d for d in args.data.split(",") if d] if args.data else [None]
     samples: dict[str, dict[str, list[float]]] = {str(d): {o: [] for o in outputs} for d in corpora}
     peaks: dict[str, dict[str, float]] = {str(d): {} for d in corpora}
@@ -262,12 +270,13 @@ def main(argv: list[str] | None = None) -> dict:
         for index in range(args.rounds):
             for data in corpora:
                 for output in outputs:
+                    entry = entries[output]
                     if args.isolate:
-                        got = isolated_round(output, args, Path(tmp), index, data)
+                        got = isolated_round(entry, args, Path(tmp), index, data)
                         rate, losses[str(data)][output] = got["tokens_per_sec"], got["loss"]
                         peaks[str(data)][output] = max(peaks[str(data)].get(output, 0.0), got["peak_mib"])
                     else:
-                        rate, losses[str(data)][output] = lmtrain_round(output, args, Path(tmp), index, data)
+                        rate, losses[str(data)][output] = lmtrain_round(entry, args, Path(tmp), index, data)
                     samples[str(data)][output].append(rate)
                     print(f"round {index} {data} {output}: {samples[str(data)][output][-1]:,.0f} tokens/s", flush=True)
                 if not args.no_plain:

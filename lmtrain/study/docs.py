@@ -1,7 +1,7 @@
 """Study tables inside a markdown page: a block ``<!-- study:NAME -->`` ... ``<!-- /study:NAME -->`` holds the
 rendered ``table.md`` of study NAME (``bench:NAME``: the rendered docs/bench/NAME.md of a benchmark record;
-``summary:answer``: the answer table of ``lmtrain.study.summary``), so that the prose of docs/results.md quotes
-rendered tables, never copies."""
+``summary:answer``: the answer table of ``lmtrain.study.summary``; ``survey:NAME``: study NAME's survey.md), so that
+the prose of docs/results.md quotes rendered tables, never copies."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 from lmtrain.study.summary import render_summary
 
 BLOCK = re.compile(
-    r"(<!-- (?P<kind>study|bench|summary):(?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /(?P=kind):(?P=name) -->)",
+    r"(<!-- (?P<kind>study|bench|summary|survey):(?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /(?P=kind):(?P=name) -->)",
     re.DOTALL,
 )
 
@@ -23,7 +23,8 @@ def filled(text: str, root: Path) -> str:
         if match["kind"] == "summary":
             return f"{match.group(1)}{render_summary(root)}{match.group(5)}" if match["name"] == "answer" else match[0]
         bench = root.parent / "bench" / f"{match['name']}.md"  # a benchmark's rendered table, beside its JSON
-        path = bench if match["kind"] == "bench" else root / match["name"] / "table.md"
+        own = "survey.md" if match["kind"] == "survey" else "table.md"
+        path = bench if match["kind"] == "bench" else root / match["name"] / own
         if not path.is_file():
             return match.group(0)
         body = path.read_text().split("\n", 1)[1]  # without the "rendered by ... do not edit" comment

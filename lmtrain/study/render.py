@@ -168,6 +168,11 @@ def render(spec: StudySpec, root: Path) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "table.md").write_text(render_table(spec, records))
     written = [folder / "table.md", render_plot(spec, records, folder / "plot.png")]
+    if spec.survey:
+        from lmtrain.study.survey import render_survey  # survey.py reads render's cell statistics
+
+        (folder / "survey.md").write_text(render_survey(spec, records, root.parent.parent))
+        written.append(folder / "survey.md")
     if spec.budgets:
         written += write_summary(recorded_runs(records), spec.budgets, folder, TITLE)
     return written
@@ -185,6 +190,14 @@ def check(spec: StudySpec, root: Path) -> str | None:
         return f"{table} is missing: run python -m lmtrain.study {spec.name} --render"
     if table.read_text() != expected:
         return f"{table} differs from its rendering: run python -m lmtrain.study {spec.name} --render"
+    if spec.survey:
+        from lmtrain.study.survey import render_survey
+
+        survey = folder / "survey.md"
+        if not survey.is_file() or survey.read_text() != render_survey(spec, records, root.parent.parent):
+            return (
+                f"{survey} differs from its rendering (or is missing): run python -m lmtrain.study {spec.name} --render"
+            )
     summary = folder / "summary.md"
     if spec.budgets and (
         not summary.is_file() or summary.read_text() != summary_table(recorded_runs(records), spec.budgets)
