@@ -4,6 +4,8 @@ imported only when a sweep runs."""
 
 from __future__ import annotations
 
+# Hydra's basic sweeper has no public import path (hydra.plugins exposes only the abstract Sweeper); subclassing it
+# keeps its job order and launch loop, which a public reimplementation would have to copy
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.types import Override
 

@@ -5,7 +5,6 @@ sweeper every job's config, composed by Hydra's config loader from the overrides
 from __future__ import annotations
 
 import copy
-import itertools
 import sys
 from typing import Any
 
@@ -102,15 +101,13 @@ def without_hydra(config: DictConfig) -> DictConfig:
 
 
 def sweep_jobs(overrides: list[Override]) -> list[list[str]]:
-    """The jobs of Hydra's basic sweeper, in its order: the product of every key's values, a key given twice
-    counting once (its last value)."""
-    values: dict[str, list[str]] = {}
-    for override in overrides:
-        key = override.get_key_element()
-        sweep = override.is_sweep_override()
-        strings = override.sweep_string_iterator() if sweep else [override.get_value_element_as_str()]
-        values[key] = [f"{key}={value}" for value in strings]
-    return [list(job) for job in itertools.product(*values.values())]
+    """The jobs of Hydra's basic sweeper, in its order, by the sweeper's own rule (``split_arguments``: the product
+    of every key's values, a key given twice counting once), so this check and the sweep cannot disagree."""
+    # no public import path exists for the basic sweeper (hydra_plugins/lmtrain_sweeper/scoped_sweeper.py)
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    [jobs] = BasicSweeper.split_arguments(overrides, None)
+    return jobs
 
 
 def warn_renamed(config: DictConfig) -> None:
