@@ -14,7 +14,8 @@ from lab.step_fixture import as_on_a_cpu, as_on_a_gpu
 from omegaconf import DictConfig
 
 from lmtrain.config import compose_config
-from lmtrain.output.sampled.base import Drawn, SampledOutput
+from lmtrain.output.base import OutputLayer
+from lmtrain.output.sampled.base import Drawn
 from lmtrain.sampler.proposal import Proposal
 from lmtrain.training.build import build_module
 from lmtrain.training.module import LanguageModel
@@ -54,7 +55,7 @@ def built(cfg: DictConfig, device: str, gpu_forms: bool) -> LanguageModel:
     return module
 
 
-def force_draws(layer: SampledOutput, ids: torch.Tensor) -> None:
+def force_draws(layer: OutputLayer, ids: torch.Tensor) -> None:
     """``layer`` draws ``ids`` as its negatives, with their log q and the targets' under its own step's proposal."""
     propose = layer.propose
     targets: dict[str, torch.Tensor | None] = {}
@@ -64,7 +65,7 @@ def force_draws(layer: SampledOutput, ids: torch.Tensor) -> None:
         return propose(query, inputs, target)
 
     def draw(proposal: Proposal) -> Drawn:
-        forced, target = ids.to(layer.weight.device), targets["step"]
+        forced, target = ids.to(proposal.device), targets["step"]
         target_log_q = None if target is None else proposal.log_q(target.view(-1, 1))  # None: the loss reads none
         return Drawn(forced, proposal.log_q(forced), target_log_q, None)
 
@@ -78,8 +79,8 @@ def two_steps(cfg: DictConfig, device: str, gpu_forms: bool) -> tuple[list[float
     gen = torch.Generator().manual_seed(2)
     windows = torch.randint(VOCAB, (2, BATCH[0], BATCH[1] + 1), generator=gen)
     module = built(cfg, device, gpu_forms)
-    if isinstance(module.output, SampledOutput):
-        shape = (M,) if module.output.shared_negatives else (BATCH[0] * BATCH[1], M)
+    if hasattr(module.output, "draw"):  # the sampled family, and charcnn (its own draw of shared negatives)
+        shape = (M,) if getattr(module.output, "shared_negatives", True) else (BATCH[0] * BATCH[1], M)
         force_draws(module.output, torch.randint(VOCAB, shape, generator=torch.Generator().manual_seed(3)))
     optimizer = module.configure_optimizers()["optimizer"]
     state, losses = None, []

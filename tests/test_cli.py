@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ import torch
 from tests.cli_runs import TINY, run_cli
 
 NEEDS_NO_GPU = pytest.mark.skipif(torch.cuda.is_available() or torch.backends.mps.is_available(), reason="a GPU")
+PROC = pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="no procfs here")  # a folder no one can make
 
 
 @pytest.mark.parametrize(
@@ -27,7 +29,8 @@ NEEDS_NO_GPU = pytest.mark.skipif(torch.cuda.is_available() or torch.backends.mp
         pytest.param(
             ["trainer.accelerator=gpu"], "trainer.accelerator=gpu: this machine has no GPU", marks=NEEDS_NO_GPU
         ),
-        (["trainer.accelerator=cpu", "trainer.devices=4"], "data.eval_batch_size=10 is not divisible by the 4"),
+        (["trainer.accelerator=cpu", "trainer.devices=4096"], "trainer.devices=4096: this machine has "),
+        pytest.param(["hydra.run.dir=/proc/nope"], "hydra.run.dir=/proc/nope cannot be created in /proc", marks=PROC),
         (["trainer.accelerator=cpu", "trainer.precision=16-mixed"], "use trainer.precision=bf16-mixed or 32-true"),
     ],
 )

@@ -49,9 +49,12 @@ def test_imports_run_one_way():
     assert not wrong, "\n".join(wrong)
 
 
-def test_no_file_is_over_250_lines():
-    long = [f"{p.relative_to(ROOT)}: {n}" for p in ROOT.rglob("*.py") if (n := len(p.read_text().splitlines())) > 250]
-    assert not long, long
+MAX_LINES = 400  # one concern per file: a cohesive one may be this long before it is split
+
+
+def test_no_file_is_over_the_line_limit():
+    lines = {p: len(p.read_text().splitlines()) for p in ROOT.rglob("*.py")}
+    assert not [f"{p.relative_to(ROOT)}: {n}" for p, n in lines.items() if n > MAX_LINES]
 
 
 def test_config_modules_import_one_way():

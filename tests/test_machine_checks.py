@@ -63,7 +63,29 @@ def test_more_gpus_than_the_machine_has_is_one_line(tmp_path, monkeypatch, capsy
     ],
 )
 def test_what_the_processes_or_the_device_cannot_do_is_one_line(args, expected, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(machine, "cpu_cores", lambda: 8)  # a process per core: 5 fit
     assert expected in refusal(args, tmp_path, monkeypatch, capsys)
+
+
+@pytest.mark.skipif(not NO_GPU, reason="this machine has a GPU: accelerator=auto chooses it")
+@pytest.mark.parametrize(
+    "args", [["trainer.devices=4"], [*CPU_DDP, "trainer.devices=4"], ["trainer.accelerator=cpu", "trainer.devices=3"]]
+)
+def test_more_cpu_processes_than_cores_is_one_line_naming_the_key(args, tmp_path, monkeypatch, capsys):
+    """trainer.devices=4 on a 2-core CPU: refused for the cores, naming the key (not for the eval batch)."""
+    monkeypatch.setattr(machine, "cpu_cores", lambda: 2)
+    devices = args[-1].removeprefix("trainer.devices=")
+    refused = refusal(args, tmp_path, monkeypatch, capsys)
+    assert refused == (
+        f"trainer.devices={devices}: this machine has 2 CPU cores for its processes (one per device); use "
+        "trainer.devices=2 or fewer"
+    )
+    assert refusal([*CPU_DDP, "trainer.devices=2"], tmp_path, monkeypatch, capsys) == ""
+
+
+def test_cpu_cores_are_those_this_process_may_run_on():
+    expected = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert machine.cpu_cores() == expected
 
 
 @pytest.mark.parametrize(
@@ -77,6 +99,7 @@ def test_what_the_processes_or_the_device_cannot_do_is_one_line(args, expected, 
     ],
 )
 def test_what_the_machine_can_do_passes(args, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(machine, "cpu_cores", lambda: 8)
     assert refusal(args, tmp_path, monkeypatch, capsys) == ""
 
 
@@ -106,6 +129,27 @@ def test_an_output_folder_that_cannot_be_written_is_one_line_before_anything_sta
         [line] = capsys.readouterr().err.strip().splitlines()
         assert exit.value.code == 2 and line.startswith(f"lmtrain: error: {key}={folder} cannot be") and reason in line
         assert not folder.exists()
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="no procfs here")
+def test_an_output_folder_the_file_system_refuses_is_one_line(monkeypatch, capsys):
+    """hydra.run.dir=/proc/nope: os.access lets root write into /proc, but no folder can be made there; the check
+    tries to make it (one line, exit 2, not Hydra's traceback), and leaves nothing."""
+    quiet = ["hydra/job_logging=none", "hydra/hydra_logging=none"]
+    monkeypatch.setattr(sys, "argv", ["lmtrain", "hydra.run.dir=/proc/nope", *quiet])
+    with pytest.raises(SystemExit) as exit:
+        run_app(accept)
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert exit.value.code == 2
+    assert line == (
+        "lmtrain: error: hydra.run.dir=/proc/nope cannot be created in /proc (No such file or directory); choose "
+        "another hydra.run.dir"
+    )
+
+
+def test_the_output_folder_check_leaves_nothing_behind(tmp_path):
+    machine.check_output_folder(str(tmp_path / "a" / "b"), "hydra.run.dir")
+    assert list(tmp_path.iterdir()) == []
 
 
 def failing_train(cfg: object) -> dict[str, float]:

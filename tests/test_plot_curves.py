@@ -52,7 +52,7 @@ def test_a_sweep_is_plotted_against_steps_tokens_and_seconds_with_seeds_as_mean_
     full_val = [[v for _, _, v in runs[n].series["val/ppl"]] for n in ("0", "1")]  # 2 validations each
 
     full, unigram = panel(panels, "validation perplexity by steps").lines
-    assert full.label == "output=full (2 seeds)" and unigram.label == "output=unigram"
+    assert full.label == "full (2 seeds)" and unigram.label == "unigram"
     assert full.x == [3.0, 6.0] and unigram.x == [4.0]  # each validation at the step it followed
     assert full.y == pytest.approx([statistics.mean(v) for v in zip(*full_val, strict=True)])
     assert full.low == [min(v) for v in zip(*full_val, strict=True)]
@@ -67,8 +67,8 @@ def test_a_sweep_is_plotted_against_steps_tokens_and_seconds_with_seeds_as_mean_
 
     exact = panel(panels, TRAIN_PPL).lines  # exact training ppl only where the strategy has one
     losses = panel(panels, "training loss: each strategy's own objective").lines  # every strategy's loss
-    assert [line.label for line in exact] == ["output=full (2 seeds)"]
-    assert [line.label for line in losses] == ["output=full (2 seeds)", "output=unigram"]
+    assert [line.label for line in exact] == ["full (2 seeds)"]
+    assert [line.label for line in losses] == ["full (2 seeds)", "unigram"]
     assert exact[0].x == [2.0, 4.0, 6.0] and min(exact[0].y) > 1.0  # perplexities, logged every 2 steps
     assert losses[1].x == [1.0, 2.0, 3.0, 4.0] and losses[1].y == pytest.approx(runs["2"].values("train/loss"))
     assert losses[0].x == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0] and losses[0].group == exact[0].group
@@ -88,8 +88,8 @@ def test_the_figure_draws_the_returned_points_one_color_per_group(sweep, tmp_pat
         assert ax.get_title() == drawn.title
         assert [t.get_text() for t in ax.get_legend().get_texts()] == [line.label for line in drawn.lines]
     legends = [[t.get_text() for t in ax.get_legend().get_texts()] for ax in axes]
-    both = ["output=full (2 seeds)", "output=unigram"]
-    assert legends == [both, ["output=full (2 seeds)"], both] and not fig.legends
+    both = ["full (2 seeds)", "unigram"]
+    assert legends == [both, ["full (2 seeds)"], both] and not fig.legends
 
 
 def test_runs_differing_in_more_than_the_seed_stay_apart_and_are_labelled_by_it(sweep, tmp_path):
@@ -102,7 +102,7 @@ def test_runs_differing_in_more_than_the_seed_stay_apart_and_are_labelled_by_it(
     (other / ".hydra" / "overrides.yaml").write_text("- output=full\n- seed=1\n- optim.lr=0.5\n")
     groups = group_by_seed(load_runs([sweep / "0", sweep / "1", other]))
     assert [len(g.runs) for g in groups] == [2, 1] and groups[0].tokens_per_step == TOKENS_PER_STEP
-    assert groups[1].label == "lr=0.5" and "seed" not in groups[0].label.removesuffix(" (2 seeds)")
+    assert groups[1].label == "full lr=0.5" and "seed" not in groups[0].label.removesuffix(" (2 seeds)")
 
 
 def fake_run(folder: Path, name: str, val: list[float]) -> Path:
@@ -141,9 +141,29 @@ def test_sweep_jobs_are_labelled_by_what_differs(tmp_path):
             "".join(f"- {o}\n" for o in [*common, f"output={o}", f"output.num_samples={m}"])
         )
         jobs.append(load_run(folder))
-    labels = ["output=rff num_samples=10", "output=rff num_samples=100", "output=uniform num_samples=100"]
+    labels = ["rff num_samples=10", "rff num_samples=100", "uniform num_samples=100"]
     assert run_labels(jobs) == labels
     assert run_labels(jobs[:1]) == ["rff"]
+
+
+def test_plot_and_summarize_label_a_run_alike(tmp_path):
+    """One labelling rule (``run_labels``): the curve of a run in ``lmtrain.plot`` and its line in ``lmtrain.summarize``
+    carry one label (they read 'output=rff lr=0.5' and 'rff'); the summary leaves out m, its x axis and panels."""
+    from lmtrain.tools.sweep_table import summarize
+
+    jobs = [("full", "1", "10"), ("rff", "0.5", "10"), ("rff", "1", "10"), ("rff", "1", "100")]
+    for n, (output, lr, m) in enumerate(jobs):
+        folder = fake_run(tmp_path / str(n), "x", [200.0, 150.0])
+        (folder / "run.json").write_text(json.dumps({"name": "x", "output": output}))
+        (folder / ".hydra").mkdir()
+        sampled = [f"output.num_samples={m}"] if output != "full" else []
+        overrides = [f"output={output}", f"optim.lr={lr}", "seed=3", *sampled]
+        (folder / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+    runs = load_runs([tmp_path])
+    plotted = [line.label for line in plot_runs([tmp_path], "steps", tmp_path / "c.png")[0].lines]
+    assert plotted == ["full lr=1", "rff lr=0.5 num_samples=10", "rff lr=1 num_samples=10", "rff lr=1 num_samples=100"]
+    assert [row.label for row in summarize(runs)] == ["full lr=1", "rff lr=0.5", "rff lr=1", "rff lr=1"]
+    assert run_labels(runs, ignore=("num_samples",)) == ["full lr=1", "rff lr=0.5", "rff lr=1 (2)", "rff lr=1 (3)"]
 
 
 def test_rows_of_one_step_merge_and_a_resume_replaces_the_redone_steps(tmp_path):

@@ -16,7 +16,8 @@ STEPS, EVERY, KILL_AT = 40, 10, 25  # the kill comes 5 steps after the checkpoin
 COMMON = [*TINY, "data.vocab_size=500", f"trainer.max_steps={STEPS}", f"checkpoint_every_n_steps={EVERY}",
           "trainer.val_check_interval=15", "model.dropout=0.3", "optim.lr=0.5", "logger=csv"]  # fmt: skip
 # one case per family of derived state: kernel trees (per position and batch-shared), a bigram table, the model's
-# own softmax, an alias table (batch-shared), a noise distribution, a class tree, cluster heads and the full softmax
+# own softmax, an alias table (batch-shared), a noise distribution, a class tree, cluster heads, the full softmax and
+# the differentiated softmax's list of block matrices
 STRATEGIES = {
     "rff": ["output=rff", "sampler.D=64", "output.num_samples=16"],
     "quadratic": ["output=quadratic", "output.num_samples=16"],
@@ -28,6 +29,12 @@ STRATEGIES = {
     "hsm": ["output=hsm"],
     "adaptive": ["output=adaptive", "output.cutoffs=[50,200]"],
     "full": ["output=full"],
+    "mos": ["output=mos", "output.components=4", "output.latent_dropout=0.3"],  # a dropout draw in the output too
+    "dsoftmax": ["output=dsoftmax"],
+    "charcnn": ["output=charcnn", "output.num_samples=16"],  # class vectors kept through an evaluation
+    # a sampler's own learned state (mixture logits and their pending step, buffers in the checkpoint)
+    "adaptive_ngram": ["output=sampled", "sampler=adaptive_ngram", "output.num_samples=16"],
+    "target": ["output=sampled", "sampler=target", "output.num_samples=16"],  # one set a batch, from a key per class
 }
 KILL = ["+callbacks.kill._target_=tests.helpers.SignalAtStep", f"+callbacks.kill.step={KILL_AT}",
         "+callbacks.kill.signal=SIGKILL"]  # fmt: skip

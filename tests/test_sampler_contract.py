@@ -32,7 +32,8 @@ def test_every_sampler_keeps_the_proposal_contract(name, shared):
     m = M if not proposal.fixes_num_samples else ids.shape[-1]  # in-batch negatives: the batch's N targets
     expected_shape = (m,) if proposal.shared else (POSITIONS, m)
     assert proposal.shared == layer.sampler.shared  # the mode asked, where the sampler has both (else its own)
-    assert proposal.shared == shared or name in ("softmax", "bigram", "inbatch")  # those have one mode
+    # those have one mode: per position (softmax, bigram, adaptive_ngram, quartic) or one set per batch
+    assert proposal.shared == shared or layer.sampler.per_position_only or name in ("inbatch", "target")
     assert ids.shape == log_q.shape == expected_shape and ids.dtype == torch.long
     assert int(ids.min()) >= 0 and int(ids.max()) < N_CLASSES
     torch.testing.assert_close(log_q, proposal.log_q(ids), rtol=1e-4, atol=1e-5)  # the log q of what was drawn

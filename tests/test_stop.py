@@ -95,3 +95,26 @@ def test_a_handler_the_job_had_for_its_preemption_signal_runs_after_the_write(ti
     finally:
         signal.signal(signal.SIGUSR2, previous)
     assert seen == [5]
+
+
+@pytest.mark.parametrize("backend", ["walk", "fixed"])
+def test_a_stopped_kernel_run_resumes_on_the_path_of_the_straight_run(tiny_config, tmp_path, backend):
+    """output=rff, stopped at step 45 (off the checkpoint schedule): the stop's last.ckpt carries the tree as the steps
+    kept it, so the resumed run ends as the straight one, bit for bit (a tree rebuilt at the stop would part it
+    from the straight run's draws)."""
+    rff = [*COMMON, "output=rff", "sampler.D=32", f"sampler.backend={backend}"]
+    expected = train(tiny_config(*rff, run_dir=tmp_path / "straight"))
+    saved = stopped(tiny_config(*rff, *signal_at(44, "SIGTERM"), run_dir=tmp_path / "split"), 143)
+    assert {"nodes", "deltas", "updates"} <= set(saved["lmtrain"]["kept_state"])
+    resumed = train(tiny_config(*rff, "ckpt_path=last", run_dir=tmp_path / "split"))
+    assert resumed["val/ppl"] == expected["val/ppl"]
+    straight = torch.load(tmp_path / "straight" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert "kept_state" not in straight["lmtrain"]  # a checkpoint on the schedule rebuilds the tree instead
+
+
+def test_checkpoints_by_time_leave_a_kernel_run_unchanged(tiny_config, tmp_path):
+    """A timed last.ckpt falls at steps the clock decides: with one after every step the run ends as without."""
+    rff = [*COMMON, "trainer.max_epochs=1", "output=rff", "sampler.D=32"]
+    expected = train(tiny_config(*rff, run_dir=tmp_path / "untimed"))
+    timed = train(tiny_config(*rff, "checkpoint_every_minutes=1e-9", run_dir=tmp_path / "timed"))
+    assert timed["val/ppl"] == expected["val/ppl"]

@@ -10,13 +10,16 @@ exact validation perplexity must be
 - below 0.95 x the unigram's 86.7: the model uses the context, not only the word frequencies;
 - within ``MARGIN`` of the full softmax's under the same recipe (67.3): 10% for the consistent estimators (the
   sampled softmaxes, NCE, hsm), 25% for ``adaptive`` (its tail clusters see the hidden state through 8- and
-  2-dimensional projections and learn more slowly: 75-77 measured at two seeds) and ``negative`` (an inconsistent
-  estimator of a normalized model, docs/strategies.md: 76-77 measured);
+  2-dimensional projections and learn more slowly: 75-77 measured at two seeds), ``negative`` (an inconsistent
+  estimator of a normalized model, docs/strategies.md: 76-77 measured) and ``mos`` (its 15 softmaxes read the
+  hidden state through a tanh layer that starts small and learn more slowly: 76.8-76.9 at two seeds, ahead of full
+  by 800 steps, 57.9 against 59.1);
 - above 0.97 x the entropy bound (no model beats the source).
 
 Measured at 200 steps (seed 1234): full 67.3, uniform 67.2, unigram 67.1, bigram 66.8, exp 67.0, sampled 67.2,
-quadratic 66.7, rff 63.0, nce 65.1, hsm 67.2, adaptive 77.1, negative 75.6. Broken defaults fail: NCE with zero
-initial biases (``output.bias_init=zero``) ends at 88.1. The test catches gross breakage only (unigram with the
+quadratic 66.7, rff 63.0, nce 65.1, hsm 67.2, adaptive 77.1, negative 75.6, mos 76.9, charcnn 68.9 (its spellings
+w0..w99 say nothing of a word's contexts: its per-class correction learns them). Broken defaults fail: NCE with
+zero initial biases (``output.bias_init=zero``) ends at 88.1. The test catches gross breakage only (unigram with the
 classic correction, hits kept and m = 5 ends at 74.0, right on the 10% limit); the estimator tests catch the subtle
 errors. About 30 s in all on one thread.
 """
@@ -39,7 +42,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 STEPS = 200
 RECIPE = [f"trainer.max_steps={STEPS}", "optim=adam", "optim.lr=0.01", "loss_reduction=mean", "test_after_fit=false"]
 STRATEGIES = [name for name in choices("output") if name != "full"]
-MARGIN = {"adaptive": 1.25, "negative": 1.25}  # the others: 1.10
+MARGIN = {"adaptive": 1.25, "negative": 1.25, "mos": 1.25}  # the others: 1.10
 
 
 def val_ppl(output: str, root: Path) -> float:

@@ -236,7 +236,10 @@ def test_a_tied_run_saves_one_matrix_and_an_untied_config_refuses_its_checkpoint
     assert not other.exists()
 
 
-@pytest.mark.parametrize(("output", "why"), [("hsm", "no class vectors to tie"), ("adaptive", "tail clusters")])
+@pytest.mark.parametrize(
+    ("output", "why"),
+    [("hsm", "no class vectors to tie"), ("adaptive", "tail clusters"), ("charcnn", "character CNN")],
+)
 def test_outputs_without_class_vectors_refuse_to_tie_in_one_line(output, why):
     with pytest.raises(ConfigError, match=f"model.tie_weights=true cannot apply to output={output}: .*{why}") as err:
         compose_config(["data=synthetic", f"output={output}", "model.tie_weights=true"])  # checked as composed

@@ -97,7 +97,7 @@ def test_the_records_give_the_curves_and_the_table_the_run_folders_give(tmp_path
     differently (steps, tokens per step, the source's optimum)."""
     runs, records = two_recorded_runs(tmp_path)
     from_folders, from_records = timed_runs(find_runs(runs)), recorded_runs(read_records(records))
-    assert [r.label for r in from_records] == ["output=full", "output=hsm"]  # what differs between the records
+    assert [r.label for r in from_records] == ["full", "hsm"]  # what differs between the records
     for folder_run, record_run in zip(from_folders, from_records, strict=True):
         assert (record_run.curve, record_run.steps, record_run.tokens_per_step, record_run.best_possible) == (
             folder_run.curve, folder_run.steps, folder_run.tokens_per_step, folder_run.best_possible
@@ -105,7 +105,7 @@ def test_the_records_give_the_curves_and_the_table_the_run_folders_give(tmp_path
     out = tmp_path / "out"
     assert time_budget.main([str(records), "--budgets", "1,2", "--out", str(out)]) == 0  # a records file
     assert (out / "summary.md").read_text() == budget_table(from_records, [60.0, 120.0])
-    assert "| output=hsm | 400.0 | 300.0 | 100 |" in (out / "summary.md").read_text()
+    assert "| hsm | 400.0 | 300.0 | 100 |" in (out / "summary.md").read_text()
 
 
 def test_a_study_with_budgets_renders_and_checks_its_summary_from_the_records(tmp_path):

@@ -24,6 +24,8 @@ from tests.conftest import make_config
         (["trainer.max_epochs=-3"], "trainer.max_epochs must be >= -1 (-1: no limit), got -3"),
         (["trainer.max_epochs=abc"], "trainer.max_epochs must be an integer or null, got 'abc'"),
         (["trainer.max_steps=1.5"], "trainer.max_steps must be an integer, got 1.5"),
+        (["trainer.max_steps=0"], "trainer.max_steps=0 trains nothing: set a positive number of optimizer steps"),
+        (["trainer.max_epochs=0"], "trainer.max_epochs=0 trains nothing: set a positive number of epochs, or -1"),
         (["trainer.limit_val_batches=2.0"], "trainer.limit_val_batches must be a fraction of the epoch"),
         (["progress_bar=maybe"], "progress_bar must be true or false, got 'maybe'"),
         (["loss_reduction=avg"], "loss_reduction must be one of 'mean', 'sum', got 'avg'"),

@@ -1,11 +1,12 @@
 """What a config asks of this machine, checked before Hydra creates a folder and before Lightning starts a process:
-an accelerator it has, as many devices as it has, a precision that device runs as asked, a global batch that the
-processes split into equal blocks of rows, and an output folder this user can write. Lightning then builds a
-Trainer from ``trainer`` alone (no loggers, callbacks or files), so whatever else it refuses while it builds one is
-refused here too, in one line (``ConfigError``)."""
+an accelerator it has, as many devices as it has (on a CPU: a core per process), a precision that device runs as
+asked, a global batch that the processes split into equal blocks of rows, and an output folder this user can write.
+Lightning then builds a Trainer from ``trainer`` alone (no loggers, callbacks or files), so whatever else it refuses
+while it builds one is refused here too, in one line (``ConfigError``)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import warnings
@@ -61,6 +62,18 @@ def check_output_folder(folder: str, key: str) -> None:
     if not os.access(existing, os.W_OK | os.X_OK):
         where = "it is" if existing == path else f"{existing} is"
         raise ConfigError(f"{key}={folder} cannot be written: {where} not writable by this user; choose another {key}")
+    if existing != path:  # os.access speaks for the user, not the file system (root, /proc, a read-only mount): try
+        probe = existing / path.relative_to(existing).parts[0]
+        try:
+            probe.mkdir()
+        except FileExistsError:  # made meanwhile (another job of a sweep): there it is
+            return
+        except OSError as exc:
+            reason = exc.strerror or type(exc).__name__
+            message = f"{key}={folder} cannot be created in {existing} ({reason}); choose another {key}"
+            raise ConfigError(message) from None
+        with contextlib.suppress(OSError):  # not empty: another job of a sweep writes into it now
+            probe.rmdir()  # nothing is left behind: Hydra creates the folder once every check passed
 
 
 def machine_problems(cfg: DictConfig) -> Iterator[str]:
@@ -82,6 +95,14 @@ def machine_problems(cfg: DictConfig) -> Iterator[str]:
         if wanted is not None and wanted > count:
             has = f"{count} {kind}{'s' if count > 1 else ''}"
             yield f"trainer.devices={devices}: this machine has {has}; use trainer.devices={count} or fewer"
+            return
+    elif accelerator == "cpu" or (accelerator == "auto" and machine_has("gpu") == 0):  # a process per CPU device
+        wanted, cores = device_count(devices), cpu_cores()
+        if wanted is not None and wanted > cores:
+            yield (
+                f"trainer.devices={devices}: this machine has {cores} CPU core{'s' if cores > 1 else ''} for its "
+                f"processes (one per device); use trainer.devices={cores} or fewer"
+            )
             return
     try:
         trainer = trial_trainer(trainer_cfg)
@@ -123,6 +144,12 @@ def machine_has(accelerator: str) -> int:
     cuda = CUDAAccelerator.auto_device_count() if accelerator != "mps" and CUDAAccelerator.is_available() else 0
     mps = 1 if accelerator != "cuda" and MPSAccelerator.is_available() else 0
     return cuda or mps
+
+
+def cpu_cores() -> int:
+    """The CPU cores this process may run on (its affinity where the system tells it, else every core)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
 
 
 def device_count(devices: Any) -> int | None:

@@ -52,6 +52,8 @@ class RunConfig:
     reuse_freed_memory: bool = True
     # deprecated, ignored with a one-line note: the device decides (a kernel tree's backend: sampler.backend)
     execution: str | None = None
+    # evaluation additions: eval.cache, the neural cache (lmtrain/output/cache.py; typed by lmtrain/config/schema.py)
+    eval: Any = None
     data: Any = None
     model: Any = None
     sampler: Any = None

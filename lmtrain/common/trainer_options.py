@@ -23,6 +23,11 @@ SET_BY_LMTRAIN = {
     "gradient_clip_val": "use optim.clip (the global gradient norm, sparse gradients included)",
     "gradient_clip_algorithm": "use optim.clip (the global gradient norm, sparse gradients included)",
 }
+# a limit of 0 steps or epochs, and what to set instead
+ZERO_TRAINS_NOTHING = {
+    "max_steps": "set a positive number of optimizer steps, or -1 for no limit (trainer.max_epochs decides)",
+    "max_epochs": "set a positive number of epochs, or -1 for no limit (trainer.max_steps decides)",
+}
 # precisions that store the weights themselves in 16 bits: nothing could then be evaluated in float32
 LOW_PRECISION_WEIGHTS = ("bf16-true", "16-true")
 
@@ -68,6 +73,9 @@ class TrainerOptions:
         for key, advice in SET_BY_LMTRAIN.items():
             if key in node:
                 yield f"{path}.{key} is set by lmtrain: {advice}"
+        for key, instead in ZERO_TRAINS_NOTHING.items():
+            if node.get(key) == 0:  # Lightning would skip training and the run test the untrained model
+                yield f"{path}.{key}=0 trains nothing: {instead}"
         precision = str(node.get("precision"))
         if precision in LOW_PRECISION_WEIGHTS:
             yield (

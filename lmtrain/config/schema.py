@@ -27,6 +27,7 @@ from lmtrain.common.optim_options import OptimOptions
 from lmtrain.common.part import Part
 from lmtrain.common.run_options import RunConfig
 from lmtrain.common.trainer_options import TrainerOptions
+from lmtrain.output.cache import CacheOptions
 
 PART_GROUPS = ("data", "model", "sampler", "output")  # the groups whose options are lmtrain's classes
 # schemas that a release renamed, under their old names for one more release (a user's YAML may extend them);
@@ -77,11 +78,21 @@ def choices(group: str) -> list[str]:
     return sorted(presets | {cls.name for cls in parts() if cls.group == group})
 
 
+def run_schema() -> type:
+    """The top level (``RunConfig``) with its ``eval`` block typed: ``eval.cache``, the neural cache's options
+    (``lmtrain/output/cache.py``), which lmtrain.common cannot import."""
+    block = dataclasses.make_dataclass(
+        "EvalConfig", [("cache", CacheOptions, dataclasses.field(default_factory=CacheOptions))]
+    )
+    evaluation = dataclasses.field(default_factory=block)
+    return dataclasses.make_dataclass("RunConfigSchema", [("eval", block, evaluation)], bases=(RunConfig,))
+
+
 def register() -> None:
     """Store every schema as ``schema/GROUP/NAME`` (the top level as ``schema/train``) and every part's option as
     ``GROUP/NAME``, unless a packaged YAML preset of that name stands for it (idempotent)."""
     store = ConfigStore.instance().store
-    schemas: dict[str, Any] = {"train": RunConfig, "optim/optim": OptimOptions, "trainer/trainer": TrainerOptions}
+    schemas: dict[str, Any] = {"train": run_schema(), "optim/optim": OptimOptions, "trainer/trainer": TrainerOptions}
     for cls in parts():
         schemas[f"{cls.group}/{cls.name}"] = schema_of(cls)
         if not (lmtrain.CONF_DIR / cls.group / f"{cls.name}.yaml").is_file():

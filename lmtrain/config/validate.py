@@ -73,7 +73,7 @@ def node_problems(node: DictConfig, path: str) -> Iterator[str]:
 
 def tying_problems(cfg: DictConfig) -> Iterator[str]:
     """``model.tie_weights=true`` with an output strategy that has no class vectors to share (its class says why:
-    ``tie_refusal``)."""
+    ``tie_refusal``), or whose options do not fit the tied matrix (its class's ``tie_problems(output, model)``)."""
     model, output = cfg.get("model"), cfg.get("output")
     if not isinstance(model, DictConfig) or not isinstance(output, DictConfig) or not output.get("_target_"):
         return
@@ -87,6 +87,8 @@ def tying_problems(cfg: DictConfig) -> Iterator[str]:
     if refusal:
         name = getattr(cls, "name", cls.__name__)
         yield f"model.tie_weights=true cannot apply to output={name}: {refusal}; set model.tie_weights=false"
+    elif hasattr(cls, "tie_problems"):
+        yield from cls.tie_problems(output, model)
 
 
 def target_problems(spec: Any, path: str) -> Iterator[str]:

@@ -39,7 +39,7 @@ class OutputLayer(nn.Module, Part):
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
-        wrap_methods(cls, ("log_prob", "log_probs_all", "extra_metrics"))
+        wrap_methods(cls, ("log_prob", "log_probs_all", "extra_metrics", "unnormalized_log_prob"))
 
     def loss(self, hidden: Tensor, target: Tensor, inputs: Tensor | None = None) -> Tensor:
         """(N, d), (N,) -> scalar mean training objective; ``inputs`` (N,) the input tokens (None: not known)."""
@@ -78,12 +78,38 @@ class OutputLayer(nn.Module, Part):
         rebuilt from the weights, as loading the checkpoint rebuilds it, so that this process and one resumed from
         the checkpoint go on from the same state (exact resume). Default: no derived state."""
 
+    def kept_state(self) -> dict[str, Tensor]:
+        """For a checkpoint written off the run's step schedule (a stop, a timed one), which must not rebuild derived
+        state (the run would then part from one never stopped): that state as the steps keep it, which a resume puts
+        back over its rebuild (``restore_kept_state``). Default: no derived state."""
+        return {}
+
+    def restore_kept_state(self, kept: dict[str, Tensor]) -> None:
+        """Put back what ``kept_state`` returned, after loading the same checkpoint's weights. Default: nothing."""
+
     def sparse_parameters(self) -> list[nn.Parameter]:
         """Parameters whose gradients are sparse row tensors (handled by the sparse optimizer path)."""
         return []
 
     def extra_metrics(self, hidden: Tensor) -> dict[str, Tensor]:
         """Optional diagnostics logged on validation (e.g. NCE's mean ln Z); default none."""
+        return {}
+
+    def unnormalized_log_prob(self, hidden: Tensor, target: Tensor) -> Tensor:
+        """(N, d), (N,) -> (N,) the target's unnormalized score s_t (ln p + ln Z), one row read per position; only
+        strategies with one score per class have it (``lmtrain.score normalized=false``)."""
+        raise ValueError(f"output={getattr(self, 'name', type(self).__name__)} has no unnormalized score")
+
+    eval_sum_count: int = 0  # how many sums ``eval_sums`` returns (fixed per layer: DDP adds them up across ranks)
+
+    def eval_sums(self, hidden: Tensor, target: Tensor, log_p: Tensor) -> Tensor:
+        """(N, d), (N,), the exact ln p (N,) -> (eval_sum_count,) float64 sums over the window's positions, which an
+        evaluation adds up and hands to ``eval_summary`` at its end; default none."""
+        return log_p.new_zeros(0, dtype=torch.float64)
+
+    def eval_summary(self, sums: Tensor, tokens: Tensor, mean_nll: Tensor) -> dict[str, Tensor]:
+        """The metrics of an evaluation (``val/NAME``, ``test/NAME``) from its summed ``eval_sums`` over ``tokens``
+        positions and its mean NLL; default none."""
         return {}
 
 

@@ -10,11 +10,12 @@ from torch import Tensor, nn
 
 from lmtrain.output.base import OutputLayer, initial_bias
 from lmtrain.output.chunked_softmax import chunked_softmax_nll, fitting_chunk, logits_budget_mib
+from lmtrain.output.infrequent_normalization import InfrequentlyNormalized
 from lmtrain.output.logsumexp import chunked_logsumexp
 from lmtrain.output.options import FullOptions
 
 
-class FullSoftmax(OutputLayer):
+class FullSoftmax(InfrequentlyNormalized, OutputLayer):
     """Softmax cross-entropy over all classes; training loss and exact log-prob are the same model.
 
     ``log_prob`` normalizes in vocabulary chunks of ``eval_chunk`` classes so that n = 10^6 fits. ``loss`` builds
@@ -23,13 +24,14 @@ class FullSoftmax(OutputLayer):
     in vocabulary chunks of the most classes whose (N, chunk) logits fit in it; ``train_chunk`` fixes the chunk
     instead (0: always dense; a chunk >= n is dense too). Both are exact.
     ``bias_init`` is ``zero`` or ``log_unigram`` (the biases start at the log training unigram, ``counts``).
+    ``self_normalize`` > 0 adds the self-normalization penalty (``InfrequentlyNormalized``; ``loss_is_nll`` is then
+    false), and ``normalize_fraction`` < 1 computes Z at a drawn fraction of the positions only.
     """
 
     name, Options = "full", FullOptions  # output=full
     runtime_args: ClassVar[tuple[str, ...]] = ("num_classes", "dim", "counts")
 
-    loss_is_nll = True
-    tie_refusal = ""
+    tie_refusal = ""  # loss_is_nll: without the self-normalization penalty (SelfNormalized)
 
     def __init__(self, num_classes: int, dim: int, counts: Tensor | None = None, **options: Any) -> None:
         super().__init__()
@@ -54,10 +56,22 @@ class FullSoftmax(OutputLayer):
         return F.embedding(tokens, self.weight)  # (..., d)
 
     def loss(self, hidden: Tensor, target: Tensor, inputs: Tensor | None = None) -> Tensor:
+        if self.options.self_normalize:  # α = 0: the plain loss below, untouched
+            return self.self_normalized_loss(hidden, target)
         chunk = self.loss_chunk(hidden.shape[0], hidden.device)
         if chunk >= self.num_classes:
             return F.cross_entropy(self.logits(hidden), target)
         return chunked_softmax_nll(hidden, self.weight, self.bias, target, chunk).mean()
+
+    def position_nll(self, hidden: Tensor, target: Tensor) -> Tensor:
+        """(N, d), (N,) -> (N,) exact -ln p(target), differentiable: dense or chunked as ``loss``."""
+        chunk = self.loss_chunk(hidden.shape[0], hidden.device)
+        if chunk >= self.num_classes:
+            return F.cross_entropy(self.logits(hidden), target, reduction="none")
+        return chunked_softmax_nll(hidden, self.weight, self.bias, target, chunk)
+
+    def unnormalized_log_prob(self, hidden: Tensor, target: Tensor) -> Tensor:
+        return (hidden * self.weight[target]).sum(1) + self.bias[target]  # (N,) s_t: one row gather
 
     def loss_chunk(self, num_positions: int, device: torch.device | None = None) -> int:
         """Classes per vocabulary chunk of the training loss for ``num_positions`` rows on ``device`` (None: the
@@ -68,7 +82,7 @@ class FullSoftmax(OutputLayer):
         return fitting_chunk(budget, num_positions)
 
     def log_prob(self, hidden: Tensor, target: Tensor) -> Tensor:
-        target_logit = (hidden * self.weight[target]).sum(1) + self.bias[target]  # (N,)
+        target_logit = self.unnormalized_log_prob(hidden, target)  # (N,)
         log_z = chunked_logsumexp(
             lambda s, e: F.linear(hidden, self.weight[s:e], self.bias[s:e]), self.num_classes, self.eval_chunk
         )

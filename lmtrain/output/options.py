@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lmtrain.common.ranges import AT_LEAST_1, Checked, Choice
+from lmtrain.output.infrequent_normalization import InfrequentNormalizationOptions
 
 GPU_FRACTION = 1 / 16  # the share of a GPU's memory that a step's dense logits may take (chunked_softmax)
 FRACTION = {"at_least": 0, "below": 1}
@@ -32,12 +33,13 @@ class TreeShape(Choice):
 
 
 @dataclass
-class FullOptions(Checked):
+class FullOptions(InfrequentNormalizationOptions):
     """``output=full``: the full softmax over all classes (exact, O(nd) per position).
 
     The training loss uses dense (N, n) logits when they fit in the budget (float32: ``logits_mib`` MiB on a CPU,
     ``gpu_logits_fraction`` of the device's memory on a GPU), else vocabulary chunks of the most classes whose
-    (N, chunk) logits fit; ``train_chunk`` fixes the chunk (0: always dense).
+    (N, chunk) logits fit; ``train_chunk`` fixes the chunk (0: always dense). ``self_normalize`` and
+    ``normalize_fraction`` (inherited) add the self-normalization penalty, on every position or on a drawn fraction.
     """
 
     init_range: float = field(default=0.1, metadata=INIT_RANGE)  # uniform(-init_range, init_range) weights

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
@@ -36,6 +36,9 @@ class Sampler(nn.Module, Part):
 
     shared: bool = True
     per_position_only: ClassVar[bool] = False  # True where every draw depends on its position (no shared mode)
+    # True where q reads neither the queries, the input tokens nor the class vectors (``update`` keeps nothing), so
+    # that an output without a class matrix can use it (``output=charcnn``): uniform, unigram, inbatch
+    context_free: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -61,9 +64,21 @@ class Sampler(nn.Module, Part):
         changed."""
         self.update(weight)
 
+    def kept_state(self) -> dict[str, Tensor]:
+        """The state derived from the class vectors as the steps keep it, where a ``rebuild`` would not give it back
+        bit for bit (a kernel tree's sums), for a checkpoint written off the run's schedule. Default: none."""
+        return {}
+
+    def restore_kept_state(self, kept: dict[str, Tensor]) -> None:
+        """Put back what ``kept_state`` returned, after a ``rebuild`` from the same weights. Default: nothing."""
+
     def follow(self, weight: Tensor) -> None:
         """The output layer's weight moved (another device or dtype: ``module.to``): samplers that keep a reference
         to it take the moved tensor. Default no-op (trees move their own buffers as submodules)."""
+
+    def check_output(self, output: Any) -> None:
+        """Refuse, with one line, an output layer whose options this sampler cannot serve (``output.options``; the
+        output calls it once it is built). Default: every output fits."""
 
     def use_scores(self, score: Callable[[Tensor, Tensor], Tensor]) -> None:
         """Receive the output layer's logit function, query (N, d') and rows (k, d') -> (N, k). Samplers whose

@@ -81,21 +81,33 @@ class BigramSampler(Sampler):
     def draw(self, prev: Tensor, num_samples: int) -> Tensor:
         """``num_samples`` ids (N, m) from q(. | p) for each previous token ``prev`` (N,)."""
         shape = (prev.numel(), num_samples)
-        device = self.count.device
-        count = self.count[prev].unsqueeze(1)  # (N, 1) c(p)
-        offset = torch.randint(1 << _OFFSET_BITS, shape, device=device) % count.clamp(min=1)  # (N, m) in [0, c(p))
-        row = (self.start[prev].unsqueeze(1) + offset).clamp(max=self.successors.numel() - 1)  # (N, m); c(p) = 0: any
-        from_bigram = self.successors[row].long()  # (N, m)
+        from_bigram, count = self.successor_draws(prev, num_samples)  # (N, m), (N, 1)
         from_unigram = self.unigram.draw_ids(prev.numel() * num_samples)  # (N * m,)
-        use_bigram = (torch.rand(shape, device=device, dtype=torch.float64) >= self.unigram_weight) & (count > 0)
+        coin = torch.rand(shape, device=self.count.device, dtype=torch.float64)  # (N, m)
+        use_bigram = (coin >= self.unigram_weight) & (count > 0)  # (N, m)
         return torch.where(use_bigram, from_bigram, from_unigram.view(shape))  # (N, m)
 
-    def log_q_after(self, prev: Tensor, ids: Tensor) -> Tensor:
-        """log q(ids | prev) after the previous tokens ``prev`` (N,): ids (N, k), or (k,) for every position."""
+    def successor_draws(self, prev: Tensor, num_samples: int) -> tuple[Tensor, Tensor]:
+        """``num_samples`` ids (N, m) from the bigram part alone, c(. | p) / c(p), for each previous token ``prev``
+        (N,), and c(p) (N, 1): a uniformly random training occurrence of p, read from the CSR rows of successors.
+        Where c(p) = 0 the ids are meaningless (the caller takes its unigram draw there)."""
+        shape = (prev.numel(), num_samples)
+        count = self.count[prev].unsqueeze(1)  # (N, 1) c(p)
+        offset = torch.randint(1 << _OFFSET_BITS, shape, device=self.count.device) % count.clamp(min=1)  # [0, c(p))
+        row = (self.start[prev].unsqueeze(1) + offset).clamp(max=self.successors.numel() - 1)  # (N, m); c(p) = 0: any
+        return self.successors[row].long(), count  # (N, m), (N, 1)
+
+    def pair_lookup(self, prev: Tensor, ids: Tensor, table: Tensor) -> Tensor:
+        """``table``'s entry (one per distinct bigram, as ``pairs``) of each bigram (p, j), 0 where the training
+        stream has none; ``prev`` (N,), ids (N, k) or (k,) for every position -> (N, k)."""
         keys = prev.unsqueeze(1) * self.num_classes + ids  # (N, k) p * n + j
         flat = keys.reshape(-1)  # (N * k,) a flat search is faster than a batched one
         found = torch.searchsorted(self.pairs, flat).clamp_(max=self.pairs.numel() - 1)  # (N * k,)
-        bigram = self.pair_q[found].masked_fill(self.pairs[found] != flat, 0.0).view_as(keys)  # (N, k)
+        return table[found].masked_fill(self.pairs[found] != flat, 0.0).view_as(keys)  # (N, k)
+
+    def log_q_after(self, prev: Tensor, ids: Tensor) -> Tensor:
+        """log q(ids | prev) after the previous tokens ``prev`` (N,): ids (N, k), or (k,) for every position."""
+        bigram = self.pair_lookup(prev, ids, self.pair_q)  # (N, k) (1 - w) c(p, j) / c(p)
         q = bigram + self.share[prev].unsqueeze(1) * self.unigram_q[ids]  # (N, k) float64
         return q.log().to(self.unigram.log_probs.dtype)
 

@@ -30,6 +30,7 @@ class InBatchSampler(Sampler):
     are accidental hits, which the sampled softmax removes."""
 
     name, Options = "inbatch", InBatchOptions  # sampler=inbatch
+    context_free = True  # the targets and a fixed table: no query, input token or class vector
     runtime_args: ClassVar[tuple[str, ...]] = ("num_classes", "counts")
 
     def __init__(self, num_classes: int, counts: Tensor | None = None, **options: Any) -> None:

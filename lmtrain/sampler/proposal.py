@@ -40,7 +40,8 @@ class Proposal:
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
-        wrap_methods(cls, ("draw", "log_q", "log_q_all"))  # float32 under autocast, as the samplers' (precision.py)
+        # float32 under autocast, as the samplers' (precision.py)
+        wrap_methods(cls, ("draw", "log_q", "log_q_all", "observe"))
 
     def draw(self, num_samples: int) -> Draws:
         """``num_samples`` ids drawn with replacement, their log q and the targets' log q."""
@@ -49,6 +50,11 @@ class Proposal:
     def log_q(self, ids: Tensor) -> Tensor:
         """Exact log q of ``ids``: (N, k) per position, any shape for a q shared by the batch."""
         raise NotImplementedError
+
+    def observe(self, ids: Tensor, scores: Tensor) -> None:
+        """The output's logits (N, m) of the negatives ``ids`` it drew from this proposal, handed over in the
+        training loss once they are scored (detached), for a proposal that adapts to the model (``sampler=
+        adaptive_ngram``). Default: ignored."""
 
     def log_q_all(self, num_classes: int) -> Tensor:
         """log q of every class at every position, (N, n), for diagnostics (KL(p || q)); O(N n) memory."""

@@ -16,6 +16,7 @@ class UniformSampler(Sampler):
     """q_i = 1 / n for every class; draws are ``torch.randint`` (O(1) each), shared across the batch."""
 
     name = "uniform"  # sampler=uniform
+    context_free = True
 
     def __init__(self, num_classes: int) -> None:
         super().__init__()

@@ -28,6 +28,7 @@ class UnigramSampler(Sampler):
 
     name, Options = "unigram", UnigramOptions  # sampler=unigram (sampler=noise: power 0.75, conf/sampler/noise.yaml)
     runtime_args: ClassVar[tuple[str, ...]] = ("num_classes", "counts")
+    context_free = True
 
     def __init__(self, num_classes: int, counts: Tensor | None = None, **options: Any) -> None:
         super().__init__()

@@ -127,23 +127,52 @@ def load_runs(paths: Iterable[str | Path]) -> list[RunRecord]:
     return runs
 
 
-def run_labels(runs: list[RunRecord], width: int = 40, ignore: tuple[str, ...] = ()) -> list[str]:
-    """Short legend labels: a run's ``name=`` if given, else the overrides that differ between the runs (keys cut
-    to their last part: ``num_samples=100``), else its output strategy; at most ``width`` characters, distinct.
-    Overrides of the keys in ``ignore`` (e.g. ``seed``, where runs of several seeds are drawn as one) are left out."""
-    overrides = [[o for o in _overrides(run) if o.split("=", 1)[0] not in ignore] for run in runs]
-    common = set.intersection(*map(set, overrides)) if overrides else set()
-    labels = []
-    for run, given in zip(runs, overrides, strict=True):
-        varying = [o for o in given if o not in common and not o.startswith(("hydra.", "ckpt_path=", "run_dir="))]
-        if any(o.startswith("name=") for o in given) or not (varying or run.info.get("output")):
-            label = run.name
-        else:
-            label = " ".join(o.split("=", 1)[0].rsplit(".", 1)[-1] + "=" + o.split("=", 1)[1] for o in varying)
-            label = label or str(run.info["output"])
-        labels.append(label if len(label) <= width else label[: width - 1] + "…")
+def run_labels(
+    runs: list[RunRecord], width: int = 40, ignore: tuple[str, ...] = (), distinct: bool = True
+) -> list[str]:
+    """The label of each run in the plots (``lmtrain.plot``) and the summaries (``lmtrain.summarize``): its
+    ``name=`` if given, else ``compose_labels`` of its strategy and command-line overrides. ``distinct``: labels that
+    still agree get the run folder's name (a plot's lines); a summary that groups runs by label (their m on the x
+    axis, in ``ignore``) keeps them."""
+    settings = [[o for o in _overrides(run) if not o.startswith(("hydra.", "ckpt_path=", "run_dir="))] for run in runs]
+    composed = compose_labels([strategy_of(run) for run in runs], settings, ignore, width)
+    labels = [
+        run.name if any(o.startswith("name=") for o in given) or not label else label
+        for run, given, label in zip(runs, settings, composed, strict=True)
+    ]
+    if not distinct:
+        return labels
     pairs = zip(labels, runs, strict=True)
     return [f"{label} ({run.path.name})" if labels.count(label) > 1 else label for label, run in pairs]
+
+
+def compose_labels(
+    strategies: list[str | None], settings: list[list[str]], ignore: tuple[str, ...] = (), width: int = 40
+) -> list[str]:
+    """The one rule of a run's label: its strategy, then the settings (``KEY=VALUE``) that differ between the runs
+    given, keys cut to their last part (``rff num_samples=100``, ``full lr=0.5``); ``output=`` (the strategy) and
+    the keys in ``ignore`` (full or last part: ``seed``, ``num_samples``) left out; at most ``width`` characters.
+    '' for a run with neither (its caller names it otherwise)."""
+
+    def kept(setting: str) -> bool:
+        key = setting.split("=", 1)[0].lstrip("+")
+        return key != "output" and key not in ignore and key.rsplit(".", 1)[-1] not in ignore
+
+    settings = [[s.lstrip("+") for s in given if kept(s)] for given in settings]
+    common = set.intersection(*map(set, settings)) if settings else set()
+    labels = []
+    for strategy, given in zip(strategies, settings, strict=True):
+        varying = [s.split("=", 1)[0].rsplit(".", 1)[-1] + "=" + s.split("=", 1)[1] for s in given if s not in common]
+        label = " ".join([*([strategy] if strategy else []), *varying])
+        labels.append(label if len(label) <= width else label[: width - 1] + "…")
+    return labels
+
+
+def strategy_of(run: RunRecord) -> str | None:
+    """The run's ``output=`` choice: from its command line, else from run.json (a run made in Python names its
+    class there); None where neither says."""
+    given = [o.split("=", 1)[1] for o in _overrides(run) if o.split("=", 1)[0] == "output"]
+    return given[-1] if given else str(run.info["output"]) if run.info.get("output") else None
 
 
 def _overrides(run: RunRecord) -> list[str]:

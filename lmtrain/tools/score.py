@@ -1,6 +1,6 @@
 """Exact perplexity of any text file under a trained model, with the log-probability of every line.
 
-    python -m lmtrain.score ckpt_path=RUN file=FILE [out=CSV] [device=auto]
+    python -m lmtrain.score ckpt_path=RUN file=FILE [out=CSV] [device=auto] [normalized=true] [threads=auto]
 
 The file is read as training reads its splits: one sentence per line, words outside the run's vocabulary read as
 ``<unk>``, and an ``<eos>`` after every line when the vocabulary has one (text corpora). The model reads the file as
@@ -10,6 +10,11 @@ is only read. Each log-probability is the strategy's exact ``log_prob``. Prints 
 tokens) and writes a CSV with one row per line: ``line`` (from 1), ``tokens`` (predicted, ``<eos>`` included),
 ``unknown`` (words read as ``<unk>``), ``log_prob`` (natural log, summed over the line) and ``ppl``
 (exp(-log_prob / tokens)). ``out`` defaults to RUN/score/STEM.csv and never replaces a file there (STEM-2.csv, ...).
+``normalized=false`` adds the unnormalized pass (``lmtrain.tools.unnormalized_score``): the perplexity that assumes
+Z = 1, the mean and sd of ln Z, and the seconds of both passes side by side. ``threads`` sets the torch compute
+threads as training's ``threads`` does (``auto``: the usable cores, fewer when other processes keep some busy).
+``cache=true`` (``cache.KEY=VALUE``) mixes in the neural cache and ``dynamic=true`` (``dynamic.KEY=VALUE``) adapts
+the model as it reads (``lmtrain.tools.score_extras``); their settings print and go into STEM.json beside the CSV.
 """
 
 from __future__ import annotations
@@ -26,11 +31,17 @@ from torch import Tensor
 from lmtrain.cli.failures import fail
 from lmtrain.data.errors import DataError
 from lmtrain.data.vocab import Vocabulary
+from lmtrain.tools.score_extras import FLAGS, PREFIXES, describe, extra_log_probs, extras_from, write_json
 from lmtrain.tools.trained import load_trained, parse_options
+from lmtrain.tools.unnormalized_score import Unnormalized, normalized_flag, report, unnormalized_score
 from lmtrain.training.module import LanguageModel
 from lmtrain.training.step import window_log_prob
+from lmtrain.training.threads import apply_threads
 
-DEFAULTS: dict[str, str] = {"ckpt_path": "", "file": "", "out": "", "device": "auto"}
+DEFAULTS: dict[str, str] = {
+    **{"ckpt_path": "", "file": "", "out": "", "device": "auto", "normalized": "true", "threads": "auto"},
+    **FLAGS,
+}
 WINDOW = 256  # positions per forward pass (bounds the output layer's memory); the state is carried across
 
 
@@ -44,6 +55,8 @@ class Score:
     unknown: int
     log_prob: float
     csv: Path
+    unnormalized: Unnormalized | None = None  # normalized=false
+    extras: dict | None = None  # cache=true / dynamic=true: their settings and seconds (score_extras.describe)
 
     @property
     def ppl(self) -> float:
@@ -103,15 +116,26 @@ def write_rows(path: Path, tokens: Tensor, unknown: list[int], log_prob: Tensor)
 
 def score(argv: list[str]) -> Score:
     """Run ``python -m lmtrain.score`` with these arguments: score the file, write the CSV, return the totals."""
-    options, overrides = parse_options(argv, DEFAULTS)
+    options, overrides = parse_options(argv, DEFAULTS, ("data.", *PREFIXES))
+    normalized, setting = normalized_flag(options["normalized"]), thread_setting(options["threads"])
     if not options["file"]:
         raise ValueError("pass file=PATH/TO/text.txt, the text to score (one sentence per line)")
     file = Path(options["file"]).expanduser()
     if not file.is_file():  # before loading the model: a typo fails at once
         raise DataError(f"file={file} does not exist; pass the text file to score (one sentence per line)")
+    extras = extras_from(options, overrides)  # before loading the model: a bad option fails at once
+    apply_threads(setting)
     trained = load_trained(options["ckpt_path"], overrides["data."], options["device"])
     stream, line_of, unknown = encode_file(trained.vocab, file)
-    log_p = stream_log_probs(trained.module, stream, trained.device)  # (L - 1,)
+    added = None
+    if extras.on:
+        if not normalized:
+            raise ValueError("normalized=false does not combine with cache=true or dynamic=true; score twice")
+        (log_p, added), unnormalized = extra_log_probs(trained, extras, stream), None
+    elif normalized:
+        log_p, unnormalized = stream_log_probs(trained.module, stream, trained.device), None  # (L - 1,)
+    else:
+        unnormalized, log_p = unnormalized_score(trained.module, stream, trained.device, WINDOW, stream_log_probs)
     per_line = torch.zeros(len(unknown), dtype=torch.float64).index_add_(0, line_of, log_p)
     tokens = torch.bincount(line_of, minlength=len(unknown))
     out = Path(options["out"]).expanduser() if options["out"] else default_out(trained.run_dir, file)
@@ -119,7 +143,17 @@ def score(argv: list[str]) -> Score:
         write_rows(out, tokens, unknown, per_line)
     except OSError as err:
         raise ValueError(f"cannot write the per-line CSV {out} ({err.strerror}); pass out=A/WRITABLE/PATH.csv") from err
-    return Score(file, len(unknown), int(tokens.sum()), sum(unknown), float(log_p.sum()), out)
+    result = Score(file, len(unknown), int(tokens.sum()), sum(unknown), float(log_p.sum()), out, unnormalized, added)
+    if added is not None:  # the numbers and settings beside the CSV
+        write_json(out.with_suffix(".json"), {"file": str(file), "tokens": result.tokens, "ppl": result.ppl, **added})
+    return result
+
+
+def thread_setting(value: str) -> int | str:
+    """``threads=`` as given: ``auto`` or a positive number (anything else: one line naming the key)."""
+    if value == "auto" or (value.isdigit() and int(value) > 0):
+        return value if value == "auto" else int(value)
+    raise ValueError(f"threads must be a positive number or 'auto', got {value!r}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,4 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         f"perplexity {result.ppl:.3f}\nper-line log-probabilities: {result.csv}",
         flush=True,
     )
+    if result.unnormalized is not None:
+        print(report(result.unnormalized), flush=True)
+    if result.extras is not None:
+        print(describe(result.extras), flush=True)
     return 0

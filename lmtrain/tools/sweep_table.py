@@ -15,7 +15,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from lmtrain.tools.run_records import RunRecord
+from lmtrain.tools.run_records import RunRecord, run_labels
 
 
 @dataclass
@@ -32,11 +32,7 @@ class SummaryRow:
     tokens_per_sec: float | None
     wall_time_s: float | None
     finished: bool
-
-    @property
-    def label(self) -> str:
-        """The curve label: the strategy and its distinguishing options."""
-        return f"{self.strategy} {self.options}".strip()
+    label: str = ""  # the curve label, as lmtrain.plot labels the run (``run_labels``), without m and the seed
 
 
 def _job_config(run: RunRecord) -> dict[str, Any]:
@@ -82,15 +78,16 @@ def _fmt_option(value: Any) -> str:
 def summarize(runs: Iterable[RunRecord], hide: Iterable[str] = ()) -> list[SummaryRow]:
     """One row per job; ``options`` lists the output/sampler values that differ between the jobs given (except
     the option names in ``hide``, e.g. ``shared_negatives`` when every job drew its negatives the same way)."""
-    runs = list(runs)
+    runs, hide = list(runs), tuple(hide)
     jobs = [_job_config(run) for run in runs]
     options = [_options(job) for job in jobs]
     keys = sorted({k for opts in options for k in opts})
     # an option is shown where it differs between the jobs that have it (strategy names tell the rest apart)
     hidden = {"seed", *hide}
     varying = [k for k in keys if len({repr(o[k]) for o in options if k in o}) > 1 and k.split(".", 1)[1] not in hidden]
+    labels = run_labels(runs, ignore=("num_samples", "seed", *hide), distinct=False)  # m: the plots' x axis, panels
     rows = []
-    for run, job, opts in zip(runs, jobs, options, strict=True):
+    for run, job, opts, label in zip(runs, jobs, options, labels, strict=True):
         metrics = run.info.get("metrics") or {}
         speeds = run.values("tokens_per_sec")
         sampler_target = str(job["sampler"].get("_target_", "")).rsplit(".", 1)[-1]
@@ -108,6 +105,7 @@ def summarize(runs: Iterable[RunRecord], hide: Iterable[str] = ()) -> list[Summa
                 tokens_per_sec=statistics.median(speeds) if speeds else None,
                 wall_time_s=float(wall) if wall is not None else None,
                 finished=bool(metrics),  # run.json gets its metrics when the run ends
+                label=label,
             )
         )
     return rows

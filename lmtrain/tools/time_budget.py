@@ -12,7 +12,14 @@ from typing import Any
 import yaml
 
 from lmtrain.tools.figures import pyplot, save_figure
-from lmtrain.tools.run_records import RunRecord, find_runs, natural_key, read_json_lines, run_labels
+from lmtrain.tools.run_records import (
+    RunRecord,
+    compose_labels,
+    find_runs,
+    natural_key,
+    read_json_lines,
+    run_labels,
+)
 
 TITLE = "validation perplexity against training time"  # the curves' title
 
@@ -73,16 +80,16 @@ def recorded_runs(records: list[dict[str, Any]]) -> list[TimedRun]:
     training seconds and perplexity, the steps up to the last one, the batch shape of the record's config. In the
     order of the run folders; labelled by the cell values and seed that differ between the records."""
     records = sorted(records, key=lambda r: natural_key(Path(str(r.get("config", {}).get("run_dir", r["key"])))))
-    items = [[*(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in r["cell"].items()), f"seed={r['seed']}"] for r in records]
-    common = set.intersection(*map(set, items)) if items else set()
+    items = [[*(f"{k}={v}" for k, v in r["cell"].items()), f"seed={r['seed']}"] for r in records]
+    labels = compose_labels([r["cell"].get("output") for r in records], items)  # as run_labels labels the folders
     runs = []
-    for record, given in zip(records, items, strict=True):
+    for record, label in zip(records, labels, strict=True):
         validations = [v for v in record["validations"] if v["train_seconds"] is not None]
         data = record.get("config", {}).get("data", {})
         best = record.get("best_possible_ppl")
         runs.append(
             TimedRun(
-                label=" ".join(i for i in given if i not in common) or str(record["cell"].get("output", record["key"])),
+                label=label or str(record["key"]),
                 curve=[(v["train_seconds"], v["ppl"]) for v in validations],
                 steps=validations[-1]["step"] + 1 if validations else 0,
                 tokens_per_step=int(data.get("batch_size", 0)) * int(data.get("bptt", 0)),

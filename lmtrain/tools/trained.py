@@ -134,5 +134,5 @@ def load_trained(ckpt_path: str, data_overrides: list[str], device: str = "auto"
         if vocab is not None and (vocab.words != rebuilt.words or not torch.equal(vocab.counts, rebuilt.counts)):
             raise DataError(f"the data of {ckpt.parent.parent} no longer gives the vocabulary in its {VOCAB_FILE}")
         vocab = vocab or rebuilt
-    module = build_module(cfg, len(vocab), vocab.counts, train_ids)
+    module = build_module(cfg, len(vocab), vocab.counts, train_ids, vocab.words)  # words: a spelling output's
     return TrainedModel(load_weights(module, saved, ckpt).to(target), vocab, ckpt, target)

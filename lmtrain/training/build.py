@@ -3,7 +3,7 @@ model is the data module and the LanguageModel (encoder + output strategy), for 
 and for the tools that load a trained run (``lmtrain.tools.trained``).
 
 Every part class names the values it takes from the data and the model in ``runtime_args`` (``num_classes``,
-``dim``, ``counts``, ``train_ids``, ``sampler``); the config holds everything else (``lmtrain/config/``).
+``dim``, ``counts``, ``train_ids``, ``sampler``, ``words``); the config holds everything else (``lmtrain/config/``).
 """
 
 from __future__ import annotations
@@ -39,9 +39,17 @@ def build(cfg: DictConfig, runtime: Runtime, **resolved: Any) -> Any:
     return instantiate(spec, **values, **resolved, _convert_="all")
 
 
-def build_output(cfg: DictConfig, num_classes: int, dim: int, counts: Tensor, train_ids: Tensor | None = None) -> Any:
-    """The sampler (if the config has one) and then the output strategy that uses it."""
-    runtime = Runtime(num_classes, dim, counts, train_ids)
+def build_output(
+    cfg: DictConfig,
+    num_classes: int,
+    dim: int,
+    counts: Tensor,
+    train_ids: Tensor | None = None,
+    words: list[str] | None = None,
+) -> Any:
+    """The sampler (if the config has one) and then the output strategy that uses it; ``words``: the vocabulary's
+    strings in id order, for a strategy that reads them (None where the caller has only a size)."""
+    runtime = Runtime(num_classes, dim, counts, train_ids, words=words)
     optim = OmegaConf.to_container(cfg.optim, resolve=True, enum_to_str=True)
     resolved = {"sparse": sparse_rows_allowed(optim)} if cfg.output.get("sparse") == "auto" else {}
     if cfg.get("sampler") is not None:
@@ -64,7 +72,9 @@ def build_model(cfg: DictConfig) -> tuple[L.LightningDataModule, LanguageModel]:
     datamodule = instantiate(cfg.data)
     datamodule.setup()
     with parameters_of(str(cfg.trainer.get("precision", "32-true"))):
-        return datamodule, build_module(cfg, datamodule.num_classes, datamodule.counts, datamodule.train_ids)
+        return datamodule, build_module(
+            cfg, datamodule.num_classes, datamodule.counts, datamodule.train_ids, datamodule.vocab
+        )
 
 
 def parameters_of(precision: str) -> AbstractContextManager:
@@ -75,14 +85,17 @@ def parameters_of(precision: str) -> AbstractContextManager:
     return DoublePrecision().module_init_context() if double else nullcontext()
 
 
-def build_module(cfg: DictConfig, num_classes: int, counts: Tensor, train_ids: Tensor | None) -> LanguageModel:
+def build_module(
+    cfg: DictConfig, num_classes: int, counts: Tensor, train_ids: Tensor | None, words: list[str] | None = None
+) -> LanguageModel:
     """The LanguageModel of ``cfg`` for a vocabulary of ``num_classes`` with these training ``counts`` (and training
-    stream, for strategies built from it); ``module.signature`` is what a checkpoint must match to be loaded."""
+    stream, for strategies built from it, and the vocabulary's ``words``, for those that read them);
+    ``module.signature`` is what a checkpoint must match to be loaded."""
     optim = OmegaConf.to_container(cfg.optim, resolve=True, enum_to_str=True)
     sparse = cfg.model.get("sparse_embedding")
     resolved = {"sparse_embedding": sparse_rows_match_dense(optim)} if sparse == "auto" else {}
     encoder = build(cfg.model, Runtime(num_classes), **resolved)
-    output = build_output(cfg, num_classes, encoder.output_dim, counts, train_ids)
+    output = build_output(cfg, num_classes, encoder.output_dim, counts, train_ids, words)
     tied = bool(cfg.model.get("tie_weights"))
     if tied:  # one matrix, registered in the output (one copy in a checkpoint)
         encoder.tie(output.embed)  # the encoder reads its rows through the output

@@ -1,5 +1,5 @@
 """Small Lightning callbacks: a one-line summary per validation, validation at the end of a short run, a training
-time limit; and the number format of the metrics in log lines and the progress bar."""
+time limit, the checkpoint by time; and the number format of the metrics in log lines and the progress bar."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import logging
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 log = logging.getLogger("lmtrain")
 
@@ -67,3 +68,21 @@ class TrainingTimeLimit(L.Callback):
         over = module.training_seconds() >= self.seconds
         if trainer.strategy.reduce_boolean_decision(over, all=False):  # every rank stops at the same step
             trainer.should_stop = True
+
+
+class TimedCheckpoint(ModelCheckpoint):
+    """``last.ckpt`` every ``train_time_interval`` (``checkpoint_every_minutes``). The steps it writes at depend on
+    the clock, so they are off the run's schedule (``LanguageModel.off_schedule``): its checkpoints carry derived
+    state as kept, and a run writes the same numbers whenever they fall."""
+
+    def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, *args: Any) -> None:
+        with module.off_schedule():
+            super().on_train_batch_end(trainer, module, *args)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        with module.off_schedule():  # Lightning writes last.ckpt again here after a write at the epoch's last step
+            super().on_train_epoch_end(trainer, module)
+
+    def on_validation_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        with module.off_schedule():
+            super().on_validation_end(trainer, module)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -59,10 +61,11 @@ class LanguageModel(MeteredModule):
             self.optim.get("average", OptimOptions.average), self.optim.get("nonmono", OptimOptions.nonmono)
         )
         self._state: dict[str, State | None] = {"train": None, "val": None, "test": None}
-        self._eval_sums: Tensor = torch.zeros(2, dtype=torch.float64)  # (sum of -log p, token count)
+        self._eval_sums: Tensor = torch.zeros(2, dtype=torch.float64)  # (sum of -log p, token count, output eval_sums)
         self._batches_done = 0  # training windows finished in the current epoch
         self._resumed: Resumed | None = None  # from the checkpoint of a resumed fit, until its first batch
         self._window: Window | None = None  # the training window whose backward pass is under way
+        self._off_schedule = False  # a checkpoint written now is off the run's step schedule (``off_schedule``)
 
     # --- one window (lmtrain.training.step) ----------------------------------------------------------
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
@@ -93,6 +96,7 @@ class LanguageModel(MeteredModule):
             self._lr_factor = batch[0].shape[1] / self.lr_window
         if self._resumed is not None:  # the resumed epoch is under way; the next epoch start resets
             set_rng_states(self._resumed.rng)  # not earlier: creating the loader iterator may draw numbers
+            self.output.restore_kept_state(self._resumed.kept)  # over the tree the load rebuilt
             self._resumed = None
 
     # --- exact evaluation --------------------------------------------------------------------------
@@ -101,15 +105,17 @@ class LanguageModel(MeteredModule):
         log_p, hidden, self._state[split] = window_log_prob(self.encoder, self.output, batch, self._state[split])
         with float32_region():
             extra = self.output.extra_metrics(hidden)
+            own = self.output.eval_sums(hidden, batch[1].reshape(-1), log_p)  # e.g. Σ ln Z, Σ (ln Z)²
         for name, value in extra.items():  # e.g. NCE's mean ln Z
             self.log(f"{split}/{name}", value, on_epoch=True, batch_size=hidden.shape[0], sync_dist=True)
-        self._eval_sums += torch.stack([-log_p.double().sum().cpu(), torch.tensor(log_p.numel(), dtype=torch.float64)])
+        totals = torch.stack([-log_p.double().sum().cpu(), torch.tensor(log_p.numel(), dtype=torch.float64)])
+        self._eval_sums += torch.cat([totals, own.cpu()])
 
     def _eval_start(self, split: str) -> None:
         if split == "val":  # the test reads a checkpoint's weights, already the averaged ones
             self.average.swap_in(self)
         self._state[split] = None
-        self._eval_sums = torch.zeros(2, dtype=torch.float64)
+        self._eval_sums = torch.zeros(2 + self.output.eval_sum_count, dtype=torch.float64)
 
     def _eval_end(self, split: str) -> None:
         sums = self._eval_sums.to(self.device)
@@ -118,6 +124,8 @@ class LanguageModel(MeteredModule):
         mean_nll = (sums[0] / sums[1].clamp(min=1)).float()
         self.log(f"{split}/loss", mean_nll, sync_dist=False)
         self.log(f"{split}/ppl", mean_nll.exp(), prog_bar=True, sync_dist=False)
+        for name, value in self.output.eval_summary(sums[2:], sums[1], mean_nll).items():  # e.g. ppl_unnormalized
+            self.log(f"{split}/{name}", value, sync_dist=False)
         if split == "val":
             self.average.swap_out(self)
             if self.trainer.state.fn == "fit" and not self.trainer.sanity_checking:
@@ -184,6 +192,17 @@ class LanguageModel(MeteredModule):
                 param.grad = mean_over_ranks(param, self)
 
     # --- exact resume ------------------------------------------------------------------------------
+    @contextmanager
+    def off_schedule(self) -> Iterator[None]:
+        """Checkpoints written inside are off the run's step schedule (a stop's, a timed one): they carry the
+        output's derived state as kept (``OutputLayer.kept_state``) instead of rebuilding it, so that writing them
+        leaves the run on the path of one that never wrote them."""
+        self._off_schedule = True
+        try:
+            yield
+        finally:
+            self._off_schedule = False
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         bad = [name for name, p in self.named_parameters() if not all_finite(p)]
         if bad:  # raising here aborts the write: the previous checkpoint stays the last good one
@@ -191,10 +210,12 @@ class LanguageModel(MeteredModule):
                 f"parameters are not finite at global step {self.global_step} ({', '.join(bad[:3])}); "
                 "the checkpoint was not written. Lower optim.lr or check the data"
             )
-        self.output.before_checkpoint()  # e.g. a kernel tree rebuilt from the weights, as a resume from here is
+        kept = self.output.kept_state() if self._off_schedule else {}
+        if not self._off_schedule:
+            self.output.before_checkpoint()  # e.g. a kernel tree rebuilt from the weights, as a resume from here is
         for logger in self.loggers:  # metrics on disk stay in step with the checkpoint a resume starts from
             logger.save()
-        checkpoint["lmtrain"] = checkpoint_entry(self, self._batches_done, self._state["train"])
+        checkpoint["lmtrain"] = checkpoint_entry(self, self._batches_done, self._state["train"], kept)
         self.average.save(checkpoint, self)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -4,8 +4,12 @@ A checkpoint's ``lmtrain`` entry (``checkpoint_entry``) holds
 
 - ``batches_done``: the training windows finished in the current epoch;
 - ``state``: the carried LSTM state (h, c) after them, for all rows of the global batch (gathered from the ranks);
-- ``rng``: the torch, numpy and python RNG states (``training.rng``);
+- ``rng``: the torch (CPU and, in use, every CUDA device), numpy and python RNG states (``training.rng``);
 - ``train_seconds``: training time so far, validation left out (the clock of ``max_train_seconds``);
+- ``kept_state``, only in a checkpoint written off the run's step schedule (a stop's, a timed one): the output's
+  derived state as the steps kept it (``OutputLayer.kept_state``: a kernel tree's sums), which such a checkpoint
+  carries instead of rebuilding it, so that writing it changes nothing in the run; a resume puts it back over the
+  state its load rebuilt, at the first training batch;
 - ``signature`` and ``wandb_id``: read before the fit starts, by ``run_folder.prepare_resume`` (refuse a checkpoint
   of another model, continue the same W&B run), not here.
 
@@ -18,7 +22,7 @@ bar's position after a resume is display only (``progress.ProgressBar`` reads th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import lightning as L
@@ -40,11 +44,14 @@ class Resumed:
     mid_epoch: bool = False
     batches_done: int = 0
     state: State | None = None
+    kept: dict[str, Any] = field(default_factory=dict)  # the output's derived state as kept (``kept_state``)
 
 
-def checkpoint_entry(module: MeteredModule, batches_done: int, state: State | None) -> dict[str, Any]:
+def checkpoint_entry(
+    module: MeteredModule, batches_done: int, state: State | None, kept: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The ``lmtrain`` entry of a checkpoint written now: see the module docstring."""
-    return {
+    entry = {
         "batches_done": batches_done,
         "state": global_state(state, module),
         "signature": getattr(module, "signature", {}),
@@ -52,6 +59,7 @@ def checkpoint_entry(module: MeteredModule, batches_done: int, state: State | No
         "rng": get_rng_states(),
         "train_seconds": module.training_seconds(),
     }
+    return entry | {"kept_state": kept} if kept else entry
 
 
 def resume_fit(checkpoint: dict[str, Any], trainer: L.Trainer) -> Resumed | None:
@@ -62,7 +70,7 @@ def resume_fit(checkpoint: dict[str, Any], trainer: L.Trainer) -> Resumed | None
     saved = checkpoint.get("lmtrain")
     if saved is None:
         return None
-    resumed = Resumed(rng=saved["rng"], train_seconds=float(saved.get("train_seconds", 0.0)))
+    resumed = Resumed(saved["rng"], float(saved.get("train_seconds", 0.0)), kept=saved.get("kept_state", {}))
     # Lightning marks an epoch completed when max_steps stopped it: then the next epoch starts afresh
     epoch = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {}).get("current", {})
     finished = epoch.get("completed", 0) >= epoch.get("ready", 0)

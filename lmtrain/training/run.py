@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
 from pathlib import Path
+from typing import Any
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from lmtrain.data.vocab import Vocabulary
+from lmtrain.output.cache import CacheOptions, cached_test
 from lmtrain.training.build import build_model
 from lmtrain.training.library_logs import quiet_libraries
 from lmtrain.training.loggers import build_loggers
@@ -26,6 +30,7 @@ from lmtrain.training.run_folder import (
     run_name,
     write_run_info,
 )
+from lmtrain.training.step import window_log_prob
 from lmtrain.training.stop import TrainingStopped
 from lmtrain.training.trainer import (
     build_callbacks,
@@ -94,6 +99,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
         best_path = best_checkpoint.best_model_path or None
         tested = trainer.test(module, datamodule=datamodule, ckpt_path=best_path, verbose=False, weights_only=True)
         metrics.update({k: float(v) for k, v in (tested[0] if tested else {}).items() if k not in ("epoch", "step")})
+        cache = OmegaConf.select(cfg, "eval.cache", default=None)
+        if cache is not None and cache.test and trainer.is_global_zero:
+            metrics.update(cache_metrics(module, datamodule, CacheOptions(**OmegaConf.to_container(cache))))
     if trainer.is_global_zero:  # one writer under DDP
         add_results(run_dir, metrics, time.perf_counter() - started)
     for lg in loggers:
@@ -104,3 +112,20 @@ def train(cfg: DictConfig) -> dict[str, float]:
             print(sync_line(offline_wandb), flush=True)
         print(result_line(metrics, run_dir), flush=True)
     return metrics
+
+
+@torch.no_grad()
+def cache_metrics(module: Any, datamodule: Any, options: CacheOptions) -> dict[str, float]:
+    """The test with the neural cache (``eval.cache.test``), from the weights the test read (the best checkpoint's):
+    the test split read as one stream, θ and λ searched on the validation split where ``eval.cache`` leaves them
+    out (``lmtrain.output.cache.cached_test``)."""
+    score = functools.partial(window_log_prob, module.encoder, module.output)
+    module.eval()
+    found = cached_test(score, datamodule.valid_ids, datamodule.test_ids, options, next(module.parameters()).device)
+    searched = f" (searched: validation ppl {found.val_ppl:.2f})" if found.searched else ""
+    log.info(
+        "test with the neural cache: ppl %.2f (window %d, theta %g, lambda %g%s)",
+        found.test_ppl, options.window, found.theta, found.lam, searched,
+    )  # fmt: skip
+    metrics = {"test/ppl_cache": found.test_ppl, "cache/theta": found.theta, "cache/lambda": found.lam}
+    return metrics | ({"val/ppl_cache": found.val_ppl} if found.searched else {})

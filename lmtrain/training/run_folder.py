@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from lmtrain.training.checkpoints import CheckpointError, check_compatible, find_last, read_checkpoint
+from lmtrain.training.loggers.metrics_csv import drop_rows_from
 
 log = logging.getLogger("lmtrain")
 
@@ -118,13 +120,18 @@ def load_initial_weights(path: Path, module: Any) -> None:
 
 def prepare_resume(ckpt: Path, signature: dict[str, Any], run_dir: Path) -> str | None:
     """Check that ``ckpt`` fits this model (``signature``), carry its run's metrics.csv over into ``run_dir`` (a
-    copy: the old file is never touched), and return its W&B run id."""
+    copy: the old file is never touched) without the rows the resumed run logs again (``drop_rows_from``), and
+    return its W&B run id. Only rank 0 touches metrics.csv (the one that writes it)."""
     saved = read_checkpoint(ckpt)
     check_compatible(saved, signature, ckpt)
-    previous_csv = ckpt.parent.parent / "metrics.csv"
-    if previous_csv.is_file() and previous_csv.parent != run_dir:  # keep the history; never touch the old file
-        run_dir.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(previous_csv, run_dir / "metrics.csv")
+    previous_csv, metrics = ckpt.parent.parent / "metrics.csv", run_dir / "metrics.csv"
+    if rank_zero_only.rank == 0:
+        if previous_csv.is_file() and previous_csv.parent != run_dir:  # keep the history; never touch the old file
+            run_dir.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(previous_csv, metrics)
+        step = int(saved.get("global_step", 0))
+        if metrics.is_file() and (dropped := drop_rows_from(metrics, step)):
+            log.info("metrics.csv: %d rows from step %d on, which this run logs again, dropped", dropped, step)
     log.info("resuming from %s", ckpt)
     if ckpt.parent.name == "checkpoints" and ckpt.parent.parent != run_dir:
         log.info(

@@ -138,7 +138,8 @@ class GracefulStop(L.Callback):
         if not signum:
             return
         self.received = signum  # also on the ranks that got no signal; ignore any from now on
-        trainer.save_checkpoint(self.checkpoint, weights_only=False)  # all ranks take part, rank 0 writes
+        with trainer.lightning_module.off_schedule():  # the run goes on as if never stopped (exact resume)
+            trainer.save_checkpoint(self.checkpoint, weights_only=False)  # all ranks take part, rank 0 writes
         step = trainer.global_step
         if trainer.is_global_zero:
             name = signal.Signals(signum).name

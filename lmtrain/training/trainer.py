@@ -13,7 +13,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig
 
-from lmtrain.training.callbacks import EpochSummary, TrainingTimeLimit, ValidateAtEnd
+from lmtrain.training.callbacks import EpochSummary, TimedCheckpoint, TrainingTimeLimit, ValidateAtEnd
 from lmtrain.training.checkpoints import AtomicCheckpointIO
 from lmtrain.training.host_time import NoProfiler
 from lmtrain.training.memory import reuse_freed_memory
@@ -55,7 +55,7 @@ def build_callbacks(cfg: DictConfig, ckpt_dir: Path, resume: str) -> list[L.Call
             save_last=True,
             enable_version_counter=False,
         ),
-        ModelCheckpoint(  # by time as well: a short run killed before its first periodic step is resumable too
+        TimedCheckpoint(  # by time as well: a short run killed before its first periodic step is resumable too
             dirpath=ckpt_dir,
             train_time_interval=timedelta(minutes=cfg.checkpoint_every_minutes),
             save_top_k=0,

@@ -19,5 +19,5 @@ class AbsoluteSampledSoftmax(SampledSoftmax):
     name, companions = "quadratic", {"sampler": "quadratic"}  # output=quadratic: with the quadratic-kernel proposal
     signed_scores = False  # |o| would turn log-unigram biases (all negative) into a rare-word preference
 
-    def score(self, query: Tensor, rows: Tensor) -> Tensor:
-        return super().score(query, rows).abs()
+    def row_logits(self, logit_query: Tensor, rows: Tensor) -> Tensor:
+        return super().row_logits(logit_query, rows).abs()

@@ -86,6 +86,7 @@ class SampledOutput(OutputLayer):
                 self.weight[:, -1] = initial_bias(opts.bias_init, num_classes, counts)
         self.attach(sampler)
         self.check_options(num_classes, sampler)
+        sampler.check_output(self)  # e.g. sampler=target refuses output.unique=true
         # derived sampler state (trees) is never stored: rebuild it from the loaded weights (``before_checkpoint``)
         self.register_load_state_dict_post_hook(lambda module, _: module.sampler.rebuild(module.weight.detach()))
 
@@ -135,29 +136,47 @@ class SampledOutput(OutputLayer):
         return with_ones_column(hidden)
 
     def score(self, query: Tensor, rows: Tensor) -> Tensor:
-        """query (N, d'), rows (k, d') shared or (N, k, d') per example -> logits (N, k).
+        """query (N, d'), rows (k, d') shared or (N, k, d') per example -> logits (N, k)."""
+        return self.row_logits(self.logit_query(query), rows)
+
+    def logit_query(self, query: Tensor) -> Tensor:
+        """What ``row_logits`` multiplies the rows with, (N, d'): the query itself here, a leaf's transform of it
+        (the cosine's unit vector). A call that scores one query several times (targets and shared negatives,
+        vocabulary chunks) computes it once and passes it down, so nothing is kept between calls."""
+        return query
+
+    def row_logits(self, logit_query: Tensor, rows: Tensor) -> Tensor:
+        """``logit_query`` (N, d'), rows (k, d') shared or (N, k, d') per example -> logits (N, k).
 
         Shared rows are multiplied on the left, so their gradient comes out of the product contiguous and the sparse
         gradient takes it without a copy; per-example rows go through ``row_scores``, which keeps that."""
         if rows.dim() == 2:
-            return torch.mm(rows, query.T).T  # (N, k), transposed in memory
-        return row_scores(query, rows)  # (N, k)
+            return torch.mm(rows, logit_query.T).T  # (N, k), transposed in memory
+        return row_scores(logit_query, rows)  # (N, k)
 
     def query_scores(self, query: Tensor, ids: Tensor) -> Tensor:
         """Logits of the given ids, (m,) shared or (N, m) per example -> (N, m), for query vectors (N, d') built
         once per step; the gradient into ``weight`` is sparse."""
         return self.score(query, gather_rows(self.weight, ids, self.sparse))
 
+    def id_logits(self, logit_query: Tensor, ids: Tensor) -> Tensor:
+        """``query_scores`` from the ``logit_query`` (N, d') computed once by the caller -> (N, m)."""
+        return self.row_logits(logit_query, gather_rows(self.weight, ids, self.sparse))
+
     # --- exact evaluation ---------------------------------------------------------------------
     def log_normalizer(self, hidden: Tensor) -> Tensor:
         """(N, d) -> (N,) log of the sum over all classes of exp(score)."""
-        query = self.query(hidden)
+        return self.chunked_log_normalizer(self.logit_query(self.query(hidden)))
+
+    def chunked_log_normalizer(self, logit_query: Tensor) -> Tensor:
+        """``log_normalizer`` from the ``logit_query`` (N, d'), over the classes in chunks of ``eval_chunk``."""
         chunk = self.options.eval_chunk
-        return chunked_logsumexp(lambda s, e: self.score(query, self.weight[s:e]), self.num_classes, chunk)
+        return chunked_logsumexp(lambda s, e: self.row_logits(logit_query, self.weight[s:e]), self.num_classes, chunk)
 
     def log_prob(self, hidden: Tensor, target: Tensor) -> Tensor:
-        target_score = self.query_scores(self.query(hidden), target.unsqueeze(1))[:, 0]  # (N,)
-        return target_score - self.log_normalizer(hidden)
+        logit_query = self.logit_query(self.query(hidden))  # (N, d')
+        target_score = self.id_logits(logit_query, target.unsqueeze(1))[:, 0]  # (N,)
+        return target_score - self.chunked_log_normalizer(logit_query)
 
     def log_probs_all(self, hidden: Tensor) -> Tensor:
         return torch.log_softmax(self.score(self.query(hidden), self.weight), dim=1)  # (N, n), the same scores
@@ -180,6 +199,7 @@ class SampledOutput(OutputLayer):
         proposal = self.propose(query, inputs, target if self.corrects_with_log_q else None)
         d = self.draw(proposal)
         scores = self.joint_scores(query, target, d.ids, d.joint_ids)
+        proposal.observe(d.ids, scores[1].detach())  # an adaptive proposal learns from its draws' logits
         return Negatives(d.ids, d.log_q, d.target_log_q, d.tries, *scores)
 
     def joint_scores(
@@ -188,14 +208,21 @@ class SampledOutput(OutputLayer):
         """The scores of the targets (N, 1) and the negatives (N, m): per position views of one (N, 1 + m) product
         with one gather of their rows (``joint_ids`` when the proposal joined them already; one sparse gradient),
         returned too; shared negatives from the targets' row-wise dots and one product with the m rows."""
+        logit_query = self.logit_query(query)  # (N, d'), once for both
         if ids.dim() == 2:
             joint_ids = torch.cat([target.unsqueeze(1), ids], dim=1) if joint_ids is None else joint_ids
-            joint = self.query_scores(query, joint_ids)  # (N, 1 + m)
+            joint = self.id_logits(logit_query, joint_ids)  # (N, 1 + m)
             return joint[:, :1], joint[:, 1:], joint
-        return self.query_scores(query, target.unsqueeze(1)), self.query_scores(query, ids), None
+        return self.id_logits(logit_query, target.unsqueeze(1)), self.id_logits(logit_query, ids), None
 
     def after_optimizer_step(self) -> None:
         self.sampler.update(self.weight.detach(), changed_rows(self.weight))
 
     def before_checkpoint(self) -> None:
         self.sampler.rebuild(self.weight.detach())  # what loading this checkpoint does, so both go on alike
+
+    def kept_state(self) -> dict[str, Tensor]:
+        return self.sampler.kept_state()
+
+    def restore_kept_state(self, kept: dict[str, Tensor]) -> None:
+        self.sampler.restore_kept_state(kept)

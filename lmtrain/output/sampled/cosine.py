@@ -30,7 +30,6 @@ class CosineSampledSoftmax(SampledSoftmax):
     name, companions = "rff", {"sampler": "rff"}  # output=rff: with the random-Fourier-feature proposal
     Options: ClassVar[type[CosineOptions]] = CosineOptions
     options: CosineOptions
-    _unit: tuple[Tensor, Tensor] | None = None  # the last (query, unit(query)), reused within a step
 
     @property
     def tau(self) -> float:
@@ -49,13 +48,12 @@ class CosineSampledSoftmax(SampledSoftmax):
             return query / torch.linalg.vector_norm(with_column(query, eps), dim=-1, keepdim=True)  # (N, d), |.| < 1
         return F.normalize(query, dim=-1)
 
-    def score(self, query: Tensor, rows: Tensor) -> Tensor:
-        # divide the dot products by the row norms instead of normalizing the (N, k, d) gathered rows; a step that
-        # scores its targets and its negatives apart (shared negatives) normalizes its query once
-        known = self._unit
-        unit = known[1] if known is not None and known[0] is query else self.unit(query)
-        self._unit = (query, unit) if query.requires_grad or unit.requires_grad else None
-        dots = super().score(unit, rows)  # (N, k)
+    def logit_query(self, query: Tensor) -> Tensor:
+        return self.unit(query)  # (N, d), once per call that scores it (targets and shared negatives: one unit)
+
+    def row_logits(self, logit_query: Tensor, rows: Tensor) -> Tensor:
+        # divide the dot products by the row norms instead of normalizing the (N, k, d) gathered rows
+        dots = super().row_logits(logit_query, rows)  # (N, k)
         norms = rows.norm(dim=-1)  # (k,) or (N, k)
         # the clamp's floor added (the same value for any row of norm above 1e-5 in float32), and tau with it, in one
         # operator: dots / ((|w| + 1e-12) / tau)

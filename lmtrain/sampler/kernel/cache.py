@@ -66,10 +66,40 @@ class FeatureCache(nn.Module):
         if self.table.shape != (padded_rows, feats) or self.table.dtype != dtype or self.table.device != weight.device:
             self.table = weight.new_empty(padded_rows, feats, dtype=dtype)
         self.table[n:].zero_()
-        step = max(1, chunk_elements // (dim + feats))
-        for lo in range(0, n, step):
-            hi = min(lo + step, n)
+        for lo, hi in self.chunks(n, dim, chunk_elements):
             self.table[lo:hi] = features(weight[lo:hi])
+
+    def chunks(self, n: int, dim: int, chunk_elements: int) -> list[tuple[int, int]]:
+        """The row ranges ``fill`` computes phi for at once."""
+        step = max(1, chunk_elements // (dim + self.table.shape[1]))
+        return [(lo, min(lo + step, n)) for lo in range(0, n, step)]
+
+    def kept_rows(self, features: FeatureMap, weight: Tensor, chunk_elements: int) -> dict[str, Tensor]:
+        """The cached rows that a ``fill`` from ``weight`` (n, d) now would not give back bit for bit, with their
+        class ids: phi of a few rows (a step's changed ones) rounds differently from phi of a chunk. For a checkpoint
+        that carries the tree as kept (``KernelSampler.kept_state``); ``put_rows`` writes them back over a fill."""
+        if not self.active:
+            return {}
+        n = weight.shape[0]
+        ids = [
+            lo + (features(weight[lo:hi]).to(self.table.dtype) != self.table[lo:hi]).any(1).nonzero().view(-1)
+            for lo, hi in self.chunks(n, weight.shape[1], chunk_elements)
+        ]  # (k,) in all
+        kept = {"table_ids": torch.cat(ids)}
+        kept["table_rows"] = self.table.index_select(0, kept["table_ids"])  # (k, F)
+        if self.rows.numel():  # the GPU paths' prepared rows, kept current row by row too
+            differ = (features.prepare(weight) != self.rows[:n]).any(1).nonzero().view(-1)  # (k',)
+            kept |= {"prepared_ids": differ, "prepared_rows": self.rows.index_select(0, differ)}
+        return kept
+
+    def put_rows(self, features: FeatureMap, weight: Tensor, kept: dict[str, Tensor]) -> None:
+        """Write the rows ``kept_rows`` returned over a table that ``fill`` made from the same weights."""
+        if "table_ids" in kept:
+            self.table.index_copy_(0, kept["table_ids"].to(self.table.device), kept["table_rows"].to(self.table))
+        if kept.get("prepared_ids") is not None and kept["prepared_ids"].numel():
+            rows = self.prepared_rows(features, weight)  # made now from the weights, then the kept rows over them
+            if rows is not None:
+                rows.index_copy_(0, kept["prepared_ids"].to(rows.device), kept["prepared_rows"].to(rows))
 
     def bucket_sums(self, buckets: Tensor, bucket_size: int, dtype: torch.dtype) -> Tensor:
         """Sum of the cached features of each bucket's classes: buckets (c,) -> (c, F) in ``dtype``."""

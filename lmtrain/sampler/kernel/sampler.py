@@ -7,6 +7,7 @@ import logging
 import time
 from typing import Any, ClassVar
 
+import torch
 from torch import Tensor
 
 from lmtrain.sampler.base import Sampler
@@ -36,8 +37,11 @@ class KernelSampler(Sampler):
 
     The tree is derived state: built from the first weights it sees, refreshed for the changed rows after
     each optimizer step, rebuilt from the weights when ``rows`` is None (a dense optimizer) and by ``rebuild`` (a
-    checkpoint load, and every checkpoint write: the refreshed sums differ from rebuilt ones by float rounding,
-    so both sides of a resume rebuild); only the feature map's own buffers (RFF frequencies) go into checkpoints.
+    checkpoint load, and every checkpoint write on the run's schedule: the refreshed sums differ from rebuilt ones
+    by float rounding, so both sides of a resume rebuild); only the feature map's own buffers (RFF frequencies) go
+    into the state dict. A checkpoint written off the schedule (a stop, a timed one) must not rebuild, or the run
+    would part from one never stopped: it carries the tree as kept (``kept_state``), and a resume from it puts that
+    back (``restore_kept_state``).
 
     ``unigram_share`` s > 0 mixes the kernel proposal with the training unigram (``UnigramShare``): round(s m) of
     each position's m draws come from the unigram and every id is corrected with the mixture's exact log q.
@@ -94,6 +98,30 @@ class KernelSampler(Sampler):
         self._drawn_since_refresh = False
         self.place(weight)
         self.tree.rebuild(weight)
+
+    def kept_state(self) -> dict[str, Tensor]:
+        """What a rebuild from the weights would not give back bit for bit: the node sums (deltas round), each
+        bucket's count of deltas and the GPU paths' count of updates (when a bucket or every leaf is recomputed
+        next), and the cached features that differ from a fresh computation (``FeatureCache.kept_rows``)."""
+        store = self.tree.store
+        if store.weight is None:
+            return {}
+        kept = {"nodes": store.nodes.clone(), "deltas": store.deltas.clone()}
+        kept["updates"] = torch.tensor(store.fixed_update.updates)
+        return kept | store.cache.kept_rows(store.features, store.weight, store.chunk_elements)
+
+    def restore_kept_state(self, kept: dict[str, Tensor]) -> None:
+        """Put back what ``kept_state`` returned, over the tree a load rebuilt from the same weights."""
+        store = self.tree.store
+        if not kept or store.weight is None:
+            return
+        if kept["nodes"].shape != store.nodes.shape:
+            saved, now = tuple(kept["nodes"].shape), tuple(store.nodes.shape)
+            raise ValueError(f"the checkpoint's kernel tree has {saved} node sums, this one {now}: its options differ")
+        store.nodes.copy_(kept["nodes"])
+        store.deltas.copy_(kept["deltas"])
+        store.fixed_update.updates = int(kept["updates"])
+        store.cache.put_rows(store.features, store.weight, kept)
 
     def update(self, weight: Tensor, rows: Tensor | None = None) -> None:
         built = self.tree.weight is not None and self.tree.weight.shape == weight.shape

@@ -1,0 +1,182 @@
+"""Dynamic evaluation (Krause et al. 2018): the model keeps learning from the text it has scored.
+
+The text is read in segments of ``segment`` tokens, batch 1, the LSTM state carried. Each segment is first scored
+(the strategy's exact ``log_prob``, with the weights as the segments before left them), then the weights take one
+step on that segment's mean loss g: with ``method=rms``
+
+    θ <- θ - lr g / (RMS + eps) + decay · min(RMS / mean(RMS), 1 / decay) · (θ_0 - θ)
+
+(both terms from the same θ), where θ_0 are the trained weights and RMS, per weight, the root mean square of the
+gradients of training batches (``stat_batches`` windows of ``stat_batch`` x ``segment`` tokens, state carried):
+the step is normalized per weight, and the pull back to θ_0 is stronger where the gradients are larger. mean(RMS)
+is the mean over every adapted weight (the paper's; the reference code averages the tensors' means instead).
+``method=sgd`` is θ <- θ - lr g: no statistics, no decay. ``objective=exact`` takes g from the exact
+log-likelihood (what is scored); ``objective=train`` from the strategy's training loss (``output.loss`` with the
+input tokens: sampled softmax, NCE, ...), whose backward pass skips the normalization over the vocabulary; a
+strategy whose derived state follows its weights (a kernel sampler's tree) refreshes it after each step then.
+Every token is scored before any step that has read it. The weights change only in memory: ``restore`` puts θ_0
+back; nothing is written to the checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lmtrain.common.precision import float32_region
+from lmtrain.common.ranges import AT_LEAST_1, Checked, Choice
+from lmtrain.data import WindowDataset, batchify
+from lmtrain.training.step import Batch, carry
+
+
+class Method(Choice):
+    """``rms``: the step normalized by the training gradients' RMS, with the decay to the trained weights (the
+    paper's); ``sgd``: plain SGD steps."""
+
+    rms = "rms"
+    sgd = "sgd"
+
+
+class Objective(Choice):
+    """The loss whose gradient a step takes: ``exact`` (the exact negative log-likelihood) or ``train`` (the
+    strategy's training loss)."""
+
+    exact = "exact"
+    train = "train"
+
+
+@dataclass
+class DynamicOptions(Checked):
+    """The keys of dynamic evaluation (``dynamic.KEY`` of ``python -m lmtrain.score``)."""
+
+    method: Method = Method.rms
+    objective: Objective = Objective.exact
+    lr: float = field(default=5e-5, metadata={"above": 0})  # η
+    decay: float = field(default=2e-3, metadata={"at_least": 0})  # λ, the pull to the trained weights (rms)
+    eps: float = field(default=2e-5, metadata={"above": 0})  # added to the RMS (rms)
+    segment: int = field(default=5, metadata=AT_LEAST_1)  # tokens scored per step
+    stat_batch: int = field(default=100, metadata=AT_LEAST_1)  # rows of a training batch of the statistics
+    stat_batches: int | None = field(default=200, metadata=AT_LEAST_1)  # training batches read; None: all
+
+
+def adapted(module: nn.Module) -> list[nn.Parameter]:
+    """The weights dynamic evaluation changes: every trainable parameter (encoder and output)."""
+    return [p for p in module.parameters() if p.requires_grad]
+
+
+def segment_gradients(
+    module: Any, batch: Batch, state: Any, objective: Objective | str, scored: bool = True
+) -> tuple[Tensor | None, Tensor, Any, list[Tensor]]:
+    """One segment's forward pass from ``state`` and the gradient of its mean loss: exact log p of the targets
+    (detached, (N,); None when not ``scored`` and the objective does not need it), hidden states (N, d), the state
+    to carry on and one dense gradient per ``adapted`` parameter (zeros where the loss does not reach it)."""
+    inputs, targets = batch
+    params = adapted(module)
+    # cuDNN runs an LSTM's backward pass only in training mode; evaluation mode keeps dropout off
+    with torch.enable_grad(), float32_region(), torch.backends.cudnn.flags(enabled=False):
+        hidden, state = carry(module.encoder, inputs, state)
+        log_p = module.output.log_prob(hidden, targets.reshape(-1)) if scored or objective == "exact" else None
+        if objective == Objective.exact:
+            loss = -log_p.mean()
+        else:
+            loss = module.output.loss(hidden, targets.reshape(-1), inputs=inputs.reshape(-1))
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+    pairs = zip(params, grads, strict=True)
+    dense = [torch.zeros_like(p) if g is None else g.to_dense() if g.is_sparse else g for p, g in pairs]
+    return None if log_p is None else log_p.detach(), hidden.detach(), state, dense
+
+
+def statistics_batches(tokens: int, options: DynamicOptions) -> int:
+    """The training batches ``gradient_rms`` reads from a split of ``tokens`` tokens."""
+    windows = math.ceil((tokens // options.stat_batch - 1) / options.segment)
+    return windows if options.stat_batches is None else min(windows, options.stat_batches)
+
+
+def gradient_rms(
+    module: Any, train_ids: Tensor, options: DynamicOptions, device: torch.device, progress: Callable | None = None
+) -> tuple[list[Tensor], int]:
+    """RMS over training batches of each adapted parameter's gradient (one tensor per parameter) and the number of
+    batches read: ``stat_batches`` windows (None: all) of ``stat_batch`` rows x ``segment`` tokens, in order."""
+    windows = WindowDataset(batchify(train_ids, options.stat_batch, "train"), options.segment)
+    count = statistics_batches(train_ids.numel(), options)
+    squares, state = [torch.zeros_like(p) for p in adapted(module)], None
+    for index in range(count):
+        batch = tuple(part.to(device) for part in windows[index])
+        _, _, state, grads = segment_gradients(module, batch, state, options.objective, scored=False)
+        for total, grad in zip(squares, grads, strict=True):
+            total.addcmul_(grad, grad)
+        if progress is not None:
+            progress(index + 1)
+    return [total.div_(count).sqrt_() for total in squares], count
+
+
+@torch.no_grad()
+def rms_step(
+    params: list[Tensor], grads: list[Tensor], start: list[Tensor], denominators: list[Tensor], pulls: list[Tensor],
+    lr: float,
+) -> None:  # fmt: skip
+    """θ += pull (θ_0 - θ) - lr g / denominator for each parameter, both terms from the θ before the step
+    (``denominators``: RMS + eps; ``pulls``: decay · min(RMS / mean(RMS), 1 / decay)); four passes over θ."""
+    for param, grad, origin, denominator, pull in zip(params, grads, start, denominators, pulls, strict=True):
+        back = (origin - param).mul_(pull)  # from the θ before the step
+        param.addcdiv_(grad, denominator, value=-lr).add_(back)
+
+
+@torch.no_grad()
+def sgd_step(params: list[Tensor], grads: list[Tensor], lr: float) -> None:
+    """θ -= lr g."""
+    for param, grad in zip(params, grads, strict=True):
+        param.sub_(grad * lr)
+
+
+class DynamicEvaluation:
+    """A scorer (``lmtrain.output.cache.Scorer``) that adapts ``module`` as it reads: each call scores a segment,
+    then steps on its gradient. ``rms``: the training gradients' RMS per parameter (``gradient_rms``; ``method=rms``
+    only). ``restore`` puts the trained weights back."""
+
+    def __init__(self, module: Any, options: DynamicOptions, rms: list[Tensor] | None = None) -> None:
+        self.module, self.options = module, options
+        self.params = adapted(module)
+        self.start = [p.detach().clone() for p in self.params]  # θ_0
+        self.denominators: list[Tensor] = []  # RMS + eps
+        self.pulls: list[Tensor] = []  # decay · min(RMS / mean(RMS), 1 / decay): the pull to θ_0, at most 1
+        if options.method == Method.rms:
+            if rms is None:
+                raise ValueError("dynamic.method=rms needs the training gradients' RMS (gradient_rms)")
+            mean = sum(float(r.double().sum()) for r in rms) / max(sum(r.numel() for r in rms), 1)
+            ceiling = 1 / options.decay if options.decay > 0 else 0.0
+            rates = [(r / mean if mean > 0 else torch.ones_like(r)).clamp(max=ceiling) for r in rms]
+            self.denominators = [r + options.eps for r in rms]
+            self.pulls = [rate.mul_(options.decay) for rate in rates]
+
+    def __call__(self, batch: Batch, state: Any) -> tuple[Tensor, Tensor, Any]:
+        """Score one segment with the current weights, then take the step on it."""
+        log_p, hidden, state, grads = segment_gradients(self.module, batch, state, self.options.objective)
+        self.step(grads)
+        return log_p, hidden, state
+
+    def step(self, grads: list[Tensor]) -> None:
+        """One step on the gradients ``grads`` (one per adapted parameter)."""
+        opts = self.options
+        if opts.method == Method.rms:
+            rms_step(self.params, grads, self.start, self.denominators, self.pulls, opts.lr)
+        else:
+            sgd_step(self.params, grads, opts.lr)
+        if opts.objective == Objective.train:  # the training loss reads derived state: refresh it (all rows changed)
+            for param, grad in zip(self.params, grads, strict=True):
+                param.grad = grad
+            self.module.output.after_optimizer_step()
+            for param in self.params:
+                param.grad = None
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        """The trained weights again (and the output's derived state rebuilt from them)."""
+        for param, origin in zip(self.params, self.start, strict=True):
+            param.copy_(origin)
+        self.module.output.before_checkpoint()

@@ -1,0 +1,204 @@
+"""``python -m lmtrain.score ... cache=true`` and ``dynamic=true``: the neural cache (``lmtrain.output.cache``) and
+dynamic evaluation (``lmtrain.tools.dynamic_eval``), alone or together, over the scored file.
+
+``cache.KEY=VALUE`` and ``dynamic.KEY=VALUE`` set their options; the cache's start from the run config's
+``eval.cache`` (a preset's published values), then its options' defaults. The run's data is read when needed: its
+validation split for a θ or λ left out, its training split for the gradient statistics of ``dynamic.method=rms``.
+With both, the model adapts as it reads and the cache reads the adapted model's hidden states; the steps follow
+the model's own loss (not the mixture's), so one pass over the validation split still tries every (θ, λ).
+Each pass shows its progress; the settings print with the result and go into RUN/score/STEM.json beside the CSV.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+from torch import Tensor
+
+from lmtrain.data.errors import DataError
+from lmtrain.output.cache import SEGMENT, CacheOptions, Setting, choose, grid, mix, mixes, read_stream
+from lmtrain.tools.dynamic_eval import DynamicEvaluation, DynamicOptions, Method, gradient_rms, statistics_batches
+from lmtrain.tools.trained import TrainedModel, resolve_checkpoint, run_config
+from lmtrain.training.step import window_log_prob
+
+FLAGS = {"cache": "false", "dynamic": "false"}  # score's switches
+PREFIXES = ("cache.", "dynamic.")
+LINE_SECONDS = 30.0  # without a terminal: a progress line at most this often (a short pass prints none)
+
+
+@dataclass
+class Extras:
+    """What the command line asks for: each addition's options, None when off."""
+
+    cache: CacheOptions | None = None
+    dynamic: DynamicOptions | None = None
+    run_cfg: DictConfig | None = None  # the run's config (its data: the validation and training splits)
+
+    @property
+    def on(self) -> bool:
+        """Whether either addition is on."""
+        return self.cache is not None or self.dynamic is not None
+
+
+def switch(name: str, value: str) -> bool:
+    """``cache=`` / ``dynamic=``: true or false (anything else: one line naming the key)."""
+    if value not in ("true", "false"):
+        raise ValueError(f"{name}={value!r}: pass {name}=true or {name}=false")
+    return value == "true"
+
+
+def typed(options: type, base: dict[str, Any], args: list[str], prefix: str) -> Any:
+    """``options`` from ``base`` updated by ``PREFIX.KEY=VALUE`` arguments (YAML values: null, 0.1, true)."""
+    names = [f.name for f in dataclasses.fields(options)]
+    values = dict(base)
+    for arg in args:
+        key, _, value = arg.partition("=")
+        if key.removeprefix(prefix) not in names:
+            hint = " (lambda is spelled cache.lam)" if key == "cache.lambda" else ""
+            raise ValueError(f"unknown argument {key!r}{hint}; keys: {', '.join(prefix + n for n in names)}")
+        values.update(OmegaConf.to_container(OmegaConf.from_dotlist([f"{key.removeprefix(prefix)}={value}"])))
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(options), values))
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", "") or ""
+        raise ValueError(f"{prefix}{key}: {str(exc).splitlines()[0]}") from exc
+    except ValueError as exc:  # a range (Checked): "window must be >= 1, got 0"
+        raise ValueError(f"{prefix}{exc}") from exc
+
+
+def extras_from(options: dict[str, str], overrides: dict[str, list[str]]) -> Extras:
+    """The cache's and dynamic evaluation's options (the cache's start from the run config's ``eval.cache``)."""
+    cache, dynamic = switch("cache", options["cache"]), switch("dynamic", options["dynamic"])
+    for name, on in (("cache", cache), ("dynamic", dynamic)):
+        if overrides[f"{name}."] and not on:
+            raise ValueError(f"{overrides[f'{name}.'][0]} needs {name}=true")
+    if not (cache or dynamic):
+        return Extras()
+    run_cfg = run_config(resolve_checkpoint(Path(options["ckpt_path"]).expanduser()), overrides["data."])
+    node = OmegaConf.select(run_cfg, "eval.cache", default=None)  # a run from before eval.cache has none
+    run_cache = OmegaConf.to_container(node) if node is not None else {}
+    return Extras(
+        typed(CacheOptions, run_cache, overrides["cache."], "cache.") if cache else None,
+        typed(DynamicOptions, {}, overrides["dynamic."], "dynamic.") if dynamic else None,
+        run_cfg,
+    )
+
+
+class Progress:
+    """A pass's progress: a bar in a terminal, else a line at most every ``LINE_SECONDS``."""
+
+    def __init__(self, what: str, total: int, unit: str = "tokens") -> None:
+        self.what, self.total, self.unit = what, total, unit
+        self.started = self.printed = time.monotonic()
+        self.bar = (
+            Tqdm(total=total, desc=what, unit=f" {unit}", leave=False, file=sys.stdout) if sys.stdout.isatty() else None
+        )
+
+    def __call__(self, done: int) -> None:
+        if self.bar is not None:
+            self.bar.update(done - self.bar.n)
+            if done >= self.total:
+                self.bar.close()
+            return
+        now = time.monotonic()
+        if now - self.printed >= LINE_SECONDS and done < self.total:
+            left = (self.total - done) * (now - self.started) / done
+            elapsed, left_text = Tqdm.format_interval(now - self.started), Tqdm.format_interval(left)
+            print(f"{self.what}: {done:,}/{self.total:,} {self.unit}, {elapsed} elapsed, {left_text} left", flush=True)
+            self.printed = now
+
+
+def run_data(trained: TrainedModel, run_cfg: DictConfig) -> Any:
+    """The run's data module, set up; its vocabulary must be the run's."""
+    datamodule = instantiate(run_cfg.data)
+    datamodule.setup()
+    if list(datamodule.vocab) != trained.vocab.words:
+        raise DataError(f"the data of {trained.run_dir} no longer gives its vocabulary: pass data.KEY=... to find it")
+    return datamodule
+
+
+def adapting(trained: TrainedModel, options: DynamicOptions, train_ids: Tensor) -> tuple[DynamicEvaluation, dict]:
+    """Dynamic evaluation of the trained model (with the gradient statistics of ``method=rms``) and its report."""
+    rms, batches = None, 0
+    if options.method == Method.rms:
+        progress = Progress("gradient statistics", statistics_batches(train_ids.numel(), options), "batches")
+        rms, batches = gradient_rms(trained.module, train_ids, options, trained.device, progress)
+    return DynamicEvaluation(trained.module, options, rms), {**json_ready(options), "statistics_batches": batches}
+
+
+def extra_log_probs(trained: TrainedModel, extras: Extras, stream: Tensor) -> tuple[Tensor, dict]:
+    """log p of stream[1:] (L - 1,) with the cache and/or dynamic evaluation, and the report (``describe``)."""
+    cache, dynamic = extras.cache, extras.dynamic
+    searched = cache is not None and (cache.theta is None or cache.lam is None)
+    data = run_data(trained, extras.run_cfg) if searched or dynamic is not None else None
+    report: dict[str, Any] = {"cache": None, "dynamic": None}
+    scorer: Any = functools.partial(window_log_prob, trained.module.encoder, trained.module.output)
+    segment, window = SEGMENT, cache.window if cache is not None else 1
+    if dynamic is not None:
+        (scorer, report["dynamic"]), segment = adapting(trained, dynamic, data.train_ids), dynamic.segment
+
+    def read(ids: Tensor, thetas: tuple[float, ...], what: str) -> tuple[Tensor, Tensor, Tensor]:
+        progress = Progress(what, ids.numel() - 1)
+        try:
+            with torch.no_grad():  # dynamic evaluation turns gradients on for its steps
+                return read_stream(scorer, ids, window, thetas, trained.device, segment, progress)
+        finally:
+            if dynamic is not None:
+                scorer.restore()  # the trained weights again, in memory; the checkpoint was only read
+
+    setting = Setting(cache.theta, cache.lam) if cache is not None and not searched else None
+    if searched:
+        setting = choose(*read(data.valid_ids, grid(cache)[0], "cache search on the validation split"), cache)
+    started, cpu = time.perf_counter(), time.process_time()
+    log_p, log_mass, held = read(stream, () if cache is None else (setting.theta,), "scoring")
+    seconds, thousands = time.perf_counter() - started, max(stream.numel() - 1, 1) / 1000
+    report.update(seconds=seconds, seconds_per_1k_tokens=seconds / thousands)
+    report.update(cpu_seconds_per_1k_tokens=(time.process_time() - cpu) / thousands)  # on a shared machine
+    if cache is not None:
+        log_p = mix(log_p, log_mass[0], setting.lam, mixes(held, cache.window, cache.warmup))
+        chosen = {"theta": setting.theta, "lam": setting.lam, "searched": list(setting.searched)}
+        report["cache"] = {**json_ready(cache), **chosen, "val_ppl": setting.val_ppl}
+    return log_p, report
+
+
+def json_ready(options: Any) -> dict[str, Any]:
+    """An options dataclass as plain JSON values (choices as their strings)."""
+    return {k: v.value if hasattr(v, "value") else v for k, v in dataclasses.asdict(options).items()}
+
+
+def describe(report: dict[str, Any]) -> str:
+    """The settings and the time, as printed with the result."""
+    lines = []
+    if (cache := report.get("cache")) is not None:
+        searched = cache["searched"]
+        chosen = f"theta {cache['theta']:g}{' (searched)' if 'theta' in searched else ''}, "
+        chosen += f"lambda {cache['lam']:g}{' (searched)' if 'lambda' in searched else ''}"
+        val = f"; validation ppl {cache['val_ppl']:.3f} with them" if searched else ""
+        lines.append(f"cache: window {cache['window']}, {chosen}, warmup {cache['warmup']}{val}")
+    if (dynamic := report.get("dynamic")) is not None:
+        line = f"dynamic: method {dynamic['method']}, objective {dynamic['objective']}, lr {dynamic['lr']:g}"
+        if dynamic["method"] == "rms":
+            line += f", decay {dynamic['decay']:g}, eps {dynamic['eps']:g}"
+            line += f", gradient statistics from {dynamic['statistics_batches']} training batches of "
+            line += f"{dynamic['stat_batch']}x{dynamic['segment']} tokens"
+        lines.append(line + f", segments of {dynamic['segment']} tokens")
+    per = f"{report['seconds_per_1k_tokens']:.3f} s per 1,000 tokens ({report['cpu_seconds_per_1k_tokens']:.3f} s CPU)"
+    lines.append(f"scoring: {report['seconds']:.1f} s, {per}")
+    return "\n".join(lines)
+
+
+def write_json(path: Path, result: dict[str, Any]) -> None:
+    """The numbers and settings beside the per-line CSV."""
+    path.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")

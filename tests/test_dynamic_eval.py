@@ -1,0 +1,204 @@
+"""Dynamic evaluation (lmtrain/tools/dynamic_eval.py): its steps against a hand computation, SGD mode against
+torch's SGD, exact causal scoring, the gradient statistics, every strategy through python -m lmtrain.score, and the
+trained weights untouched on disk and restored in memory."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from lmtrain.data import batchify
+from lmtrain.output.cache import read_stream
+from lmtrain.tools.dynamic_eval import DynamicEvaluation, DynamicOptions, adapted, gradient_rms, rms_step
+from lmtrain.tools.score import main as score_main
+from lmtrain.tools.score import score
+from lmtrain.tools.score_extras import extra_log_probs, extras_from
+from lmtrain.tools.trained import load_trained
+from lmtrain.training.step import carry
+
+STRATEGIES = ["full", "unigram", "rff", "nce", "hsm", "adaptive", "bigram"]
+CPU = torch.device("cpu")
+
+
+def segments(stream, size):
+    """(inputs, targets) (1, T) of stream in segments of ``size`` predicted tokens."""
+    for start in range(0, stream.numel() - 1, size):
+        targets = stream[start + 1 : start + size + 1]
+        yield stream[start : start + targets.numel()][None], targets[None]
+
+
+def exact_gradients(module, inputs, targets, state):
+    """Written out: the encoder from ``state``, the mean exact -log p of the segment, its gradients."""
+    hidden, state = module.encoder(inputs, state)
+    log_p = module.output.log_prob(hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1))
+    grads = torch.autograd.grad(-log_p.mean(), adapted(module), allow_unused=True)
+    grads = [torch.zeros_like(p) if g is None else g.to_dense() for p, g in zip(adapted(module), grads, strict=True)]
+    return log_p.detach(), grads, (state[0].detach(), state[1].detach())
+
+
+def trained_model(trained_run, output="full"):
+    run, _ = trained_run(output)
+    return load_trained(str(run), [], "cpu").module
+
+
+def test_the_rms_step_with_its_decay_in_numbers():
+    """θ = (1, 2), g = (0.5, -1), θ_0 = 0, RMS = (0.1, 0.4) (mean 0.25), lr 0.1, eps 0.1, decay 1: the rates
+    RMS / mean = (0.4, 1.6) clip at 1 / decay = 1; θ - lr g / (RMS + eps) + decay rate (θ_0 - θ) = (0.35, 0.2)."""
+    toy = nn.Linear(2, 1, bias=False)
+    with torch.no_grad():
+        toy.weight.copy_(torch.tensor([[0.0, 0.0]]))
+    evaluation = DynamicEvaluation(toy, DynamicOptions(lr=0.1, eps=0.1, decay=1.0), [torch.tensor([[0.1, 0.4]])])
+    torch.testing.assert_close(evaluation.pulls[0], torch.tensor([[0.4, 1.0]]))
+    torch.testing.assert_close(evaluation.denominators[0], torch.tensor([[0.2, 0.5]]))
+    theta = torch.tensor([[1.0, 2.0]])
+    rms_step([theta], [torch.tensor([[0.5, -1.0]])], evaluation.start, evaluation.denominators, evaluation.pulls, 0.1)
+    torch.testing.assert_close(theta, torch.tensor([[0.35, 0.2]]))
+
+
+def test_each_segment_is_scored_then_takes_the_hand_computed_step(trained_run):
+    """Three segments of a trained model: each scored with the weights the segments before left, then
+    θ <- θ - lr g / (RMS + eps) + decay min(RMS / mean RMS, 1 / decay) (θ_0 - θ), g of the segment's mean -log p."""
+    module = trained_model(trained_run)
+    hand = copy.deepcopy(module)
+    gen = torch.Generator().manual_seed(0)
+    rms = [torch.rand(p.shape, generator=gen).pow(3) * 0.01 + 1e-5 for p in adapted(module)]  # some rates clip
+    options = DynamicOptions(lr=0.003, decay=0.5, eps=1e-3, segment=4)
+    evaluation = DynamicEvaluation(module, options, rms)
+    mean = torch.cat([r.reshape(-1) for r in rms]).mean()
+    assert any(bool((r / mean > 1 / options.decay).any()) for r in rms)  # the clip matters here
+    start = [p.detach().clone() for p in adapted(hand)]
+    stream = torch.randint(0, 100, (13,), generator=gen)
+    state = hand_state = None
+    for inputs, targets in segments(stream, 4):
+        log_p, _, state = evaluation((inputs, targets), state)
+        expected, grads, hand_state = exact_gradients(hand, inputs, targets, hand_state)
+        torch.testing.assert_close(log_p, expected)
+        with torch.no_grad():
+            for p, g, p0, r in zip(adapted(hand), grads, start, rms, strict=True):
+                rate = torch.minimum(r / mean, torch.tensor(1 / options.decay))
+                p.copy_(p - options.lr * g / (r + options.eps) + options.decay * rate * (p0 - p))
+        for p, q in zip(adapted(module), adapted(hand), strict=True):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7)
+    assert not torch.equal(adapted(module)[0], start[0])
+    evaluation.restore()
+    assert all(torch.equal(p, p0) for p, p0 in zip(adapted(module), start, strict=True))
+
+
+def test_sgd_mode_is_plain_sgd(trained_run):
+    module = trained_model(trained_run)
+    hand = copy.deepcopy(module)
+    sgd = torch.optim.SGD(adapted(hand), lr=0.5)
+    evaluation = DynamicEvaluation(module, DynamicOptions(method="sgd", lr=0.5, segment=3))
+    stream, state, hand_state = torch.randint(0, 100, (10,), generator=torch.Generator().manual_seed(3)), None, None
+    for inputs, targets in segments(stream, 3):
+        log_p, _, state = evaluation((inputs, targets), state)
+        expected, grads, hand_state = exact_gradients(hand, inputs, targets, hand_state)
+        torch.testing.assert_close(log_p, expected)
+        for p, g in zip(adapted(hand), grads, strict=True):
+            p.grad = g
+        sgd.step()
+        for p, q in zip(adapted(module), adapted(hand), strict=True):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7)
+
+
+def test_a_token_never_changes_its_own_score_or_any_before_it(trained_run):
+    """Two streams that differ in the token at target position 12 (segment 10-14): the scores before it are
+    equal, later ones differ, and both scores at 12 are the distribution of the model that the first two segments
+    left (they read nothing of position 12); cutting the stream after 12 changes no score up to it."""
+    module = trained_model(trained_run)
+    rms = [torch.full_like(p, 1e-3) for p in adapted(module)]
+    evaluation = DynamicEvaluation(module, DynamicOptions(lr=0.01, segment=5), rms)
+    first = torch.randint(0, 100, (24,), generator=torch.Generator().manual_seed(4))
+    second = first.clone()
+    second[13] = (first[13] + 1) % 100
+
+    def scores(stream):
+        log_p, _, _ = read_stream(evaluation, stream, 1, (), CPU, segment=5)
+        evaluation.restore()
+        return log_p
+
+    a, b = scores(first), scores(second)
+    assert torch.equal(a[:12], b[:12]) and not torch.equal(a[12:], b[12:]) and not torch.equal(a[15:], b[15:])
+    torch.testing.assert_close(scores(first[:14]), a[:13], rtol=0, atol=0)
+    state = None
+    for inputs, targets in list(segments(first, 5))[:2]:  # the first two segments adapt the model
+        _, _, state = evaluation((inputs, targets), state)
+    with torch.no_grad():
+        hidden, _ = carry(module.encoder, first[None, 10:13], state)
+        log_probs = module.output.log_probs_all(hidden).double()  # (3, n): positions 10, 11, 12
+    torch.testing.assert_close(a[12], log_probs[2, first[13]])
+    torch.testing.assert_close(b[12], log_probs[2, second[13]])
+
+
+def test_the_gradient_statistics_are_the_rms_over_training_batches(trained_run):
+    module = trained_model(trained_run)
+    train_ids = torch.randint(0, 100, (400,), generator=torch.Generator().manual_seed(5))
+    options = DynamicOptions(stat_batch=4, stat_batches=3, segment=6)
+    rms, count = gradient_rms(module, train_ids, options, CPU)
+    layout, squares, state = batchify(train_ids, 4), [torch.zeros_like(p) for p in adapted(module)], None
+    for index in range(3):
+        window = layout[:, 6 * index : 6 * index + 7]
+        _, grads, state = exact_gradients(module, window[:, :-1], window[:, 1:], state)
+        squares = [s + g * g for s, g in zip(squares, grads, strict=True)]
+    assert count == 3
+    for got, total in zip(rms, squares, strict=True):
+        torch.testing.assert_close(got, (total / 3).sqrt(), rtol=1e-5, atol=1e-9)
+
+
+def digest(run):
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted((run / "checkpoints").glob("*.ckpt"))}
+
+
+@pytest.mark.parametrize("output", STRATEGIES)
+@pytest.mark.parametrize("objective", ["exact", "train"])
+def test_every_strategy_scores_dynamically_and_the_checkpoint_stays(trained_run, tmp_path, capsys, output, objective):
+    """With a vanishing lr and no decay, dynamic evaluation in segments of 3 is the exact score; with a real lr
+    (and the cache) it prints its settings and writes them beside the CSV; the checkpoint never changes."""
+    run, _ = trained_run(output)
+    text = tmp_path / "text.txt"
+    text.write_text(" ".join(f"w{i % 7}" for i in range(60)) + "\n")
+    before = digest(run)
+    plain = score([f"ckpt_path={run}", f"file={text}", f"out={tmp_path / 'plain.csv'}"])
+    stats = ["dynamic.stat_batch=4", "dynamic.stat_batches=2", f"dynamic.objective={objective}", "dynamic.segment=3"]
+    still = score([f"ckpt_path={run}", f"file={text}", "dynamic=true", *stats, "dynamic.lr=1e-12", "dynamic.decay=0"])
+    assert still.ppl == pytest.approx(plain.ppl, rel=1e-5)
+    args = [f"ckpt_path={run}", f"file={text}", "dynamic=true", *stats, "dynamic.lr=0.01", "cache=true"]
+    assert score_main([*args, "cache.theta=0.3", "cache.lam=0.1", f"out={tmp_path / 'dyn.csv'}"]) == 0
+    out = capsys.readouterr().out
+    assert f"dynamic: method rms, objective {objective}, lr 0.01" in out and "cache: window 500, theta 0.3" in out
+    written = json.loads((tmp_path / "dyn.json").read_text())
+    assert written["dynamic"]["statistics_batches"] == 2 and written["ppl"] != pytest.approx(plain.ppl, rel=1e-4)
+    assert digest(run) == before
+
+
+def test_the_weights_in_memory_are_restored(trained_run, tmp_path):
+    run, _ = trained_run("unigram")
+    trained = load_trained(str(run), [], "cpu")
+    before = {k: v.clone() for k, v in trained.module.state_dict().items()}
+    args = {"cache": "true", "dynamic": "true", "ckpt_path": str(run)}
+    overrides = {"data.": [], "cache.": ["cache.window=20"], "dynamic.": ["dynamic.stat_batches=2", "dynamic.lr=0.01"]}
+    stream = torch.randint(0, 100, (40,), generator=torch.Generator().manual_seed(6))
+    log_p, report = extra_log_probs(trained, extras_from(args, overrides), stream)
+    assert report["cache"]["searched"] == ["theta", "lambda"] and log_p.shape == (39,)
+    after = trained.module.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_bad_dynamic_options_are_one_line(trained_run, tmp_path, capsys):
+    run, _ = trained_run("full")
+    (tmp_path / "text.txt").write_text("w1 w2 w3\n")
+    for args, expected in [
+        (["dynamic=true", "dynamic.lr=fast"], "dynamic.lr"),
+        (["dynamic=true", "dynamic.method=adam"], "dynamic.method"),
+        (["dynamic=true", "dynamic.segment=0"], "dynamic.segment must be >= 1"),
+        (["dynamic.lr=0.1"], "needs dynamic=true"),
+    ]:
+        with pytest.raises(SystemExit):
+            score_main([f"ckpt_path={run}", f"file={tmp_path / 'text.txt'}", *args])
+        err = capsys.readouterr().err
+        assert expected in err and len(err.strip().splitlines()) == 1, err
