@@ -219,14 +219,15 @@ def _prose(text: str) -> str:
     import re
 
     text = re.sub(r"```.*?```", "", text, flags=re.DOTALL)
-    text = re.sub(r"<!-- (study|bench|summary):([\w.-]+) -->.*?<!-- /\1:\2 -->", "", text, flags=re.DOTALL)
+    text = re.sub(r"<!-- (study|bench|summary|survey):([\w.-]+) -->.*?<!-- /\1:\2 -->", "", text, flags=re.DOTALL)
     return "\n".join(line for line in text.splitlines() if not line.startswith("    "))  # indented commands
 
 
 def _rendered(root: Path) -> str:
     from lmtrain.study.summary import render_summary
 
-    tables = [*(root / "docs" / "study").glob("*/table.md"), *(root / "docs" / "bench").glob("*.md")]
+    tables = [*(root / "docs" / "study").glob("*/table.md"), *(root / "docs" / "study").glob("*/survey.md")]
+    tables += [*(root / "docs" / "bench").glob("*.md")]
     return "\n".join(path.read_text() for path in tables) + render_summary(root / "docs" / "study")
 
 
