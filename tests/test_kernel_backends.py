@@ -156,7 +156,8 @@ def test_path_deltas_keep_the_walks_log_q(kind, device):
 def test_path_deltas_drift_no_more_than_a_re_sum_over_real_training(kind):
     """63 SGD steps of batch-shared training (the most updates between two refreshes) with each tree update: the
     sampler's log q then against the same tree rebuilt from its weights. The path deltas round at every ancestor
-    (the root takes 800 adds a step) where a re-sum rounds only at the leaves; both stay far below 1e-4 nats."""
+    (the root takes 800 adds a step) where a re-sum rounds only at the leaves; both stay within 1e-3 nats (the
+    paths' rounding differs between CPUs' vector widths: 3e-4 on some; a wrong delta drifts by whole nats)."""
     from lab.step_fixture import step_fixture
 
     drift = {}
@@ -176,7 +177,7 @@ def test_path_deltas_drift_no_more_than_a_re_sum_over_real_training(kind):
             kept = output.sampler.propose(query).log_q(ids)
             output.sampler.tree.rebuild(output.sampler.tree.store.weight)
             drift[mode] = (kept - output.sampler.propose(query).log_q(ids)).abs().max().item()
-    assert drift["paths"] < 1e-4 and drift["resum"] < 1e-4, drift
+    assert drift["paths"] < 1e-3 and drift["resum"] < 1e-3, drift
 
 
 @pytest.mark.parametrize(("output", "extra"), CASES, ids=CASE_IDS)

@@ -75,6 +75,12 @@ class TimedCheckpoint(ModelCheckpoint):
     the clock, so they are off the run's schedule (``LanguageModel.off_schedule``): its checkpoints carry derived
     state as kept, and a run writes the same numbers whenever they fall."""
 
+    @property
+    def state_key(self) -> str:
+        # ModelCheckpoint's key for the same settings: checkpoints written before this subclass existed resume
+        # without Lightning's missing-callback warning, and this one's state lands where theirs was
+        return super().state_key.replace(type(self).__qualname__, ModelCheckpoint.__qualname__, 1)
+
     def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, *args: Any) -> None:
         with module.off_schedule():
             super().on_train_batch_end(trainer, module, *args)
