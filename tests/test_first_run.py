@@ -35,4 +35,6 @@ def test_the_first_run_gives_the_readmes_numbers(tmp_path, monkeypatch):
     monkeypatch.setenv("LMTRAIN_CACHE_DIR", str(tmp_path / "cache"))
     metrics = train(make_config(["experiment=quick", "logger=csv", "progress_bar=false", f"run_dir={tmp_path}"]))
     val, test = shown("README.md")
-    assert (metrics["val/ppl_best"], metrics["test/ppl"]) == pytest.approx((val, test), rel=1e-3)
+    # equal here to the digit; another CPU's vector width rounds float32 sums differently over 300 steps, so the
+    # check allows half a percent (a stale README differs by whole percents)
+    assert (metrics["val/ppl_best"], metrics["test/ppl"]) == pytest.approx((val, test), rel=5e-3)
