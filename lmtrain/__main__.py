@@ -1,4 +1,4 @@
-"""`python -m lmtrain [overrides]`: the Hydra entry point; all work happens in `lmtrain.training.run.train`."""
+"""`python -m lmtrain [overrides]`: the Hydra entry point; all work happens in `lmtrain.run.run.train`."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from omegaconf import DictConfig
 
 from lmtrain.cli.app import run_app
 from lmtrain.cli.failures import RunFolder, run_guarded
-from lmtrain.cli.resume import resume_in_place
 from lmtrain.config import CONF_DIR
+from lmtrain.run_folder.ckpt_path import resume_in_place
 
 
 def claimed_folder(args: list[str]) -> RunFolder:
@@ -28,7 +28,7 @@ FOLDER = claimed_folder(sys.argv[1:])  # before Hydra creates the folder
 
 @hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
-    from lmtrain.training.run import train
+    from lmtrain.run.run import train
 
     metrics = run_guarded(train, cfg, FOLDER)
     return None if metrics is None else metrics.get("val/ppl_best", metrics.get("val/ppl"))

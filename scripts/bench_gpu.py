@@ -14,7 +14,7 @@ one job alone on the device; each run's folder (with its last.ckpt) is deleted a
 ``torch.cuda.max_memory_allocated`` since the cell began. A cell that runs out of memory or fails is recorded
 with the reason and not retried. The whole run keeps to ``--minutes``: a cell whose last run would not end in
 time is skipped for that round (with the reason, where it has no round at all). Writes the record (``--json``,
-after every round) and its rendered table beside it (NAME.md, ``lmtrain.study.gpu_bench``), and prints the goals.
+after every round) and its rendered table beside it (NAME.md, ``records.gpu_bench``), and prints the goals.
 """
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ import torch
 from bench_train import base_overrides, data_overrides, plain_round, round_overrides
 from lab.provenance import commit, environment, run_cuda_tests
 from lab.step_clock import clock_throughput
+from records.bench import write_bench
+from records.gpu_bench import KIND, PLAIN, PLAIN_READ, checks, median
 
 from lmtrain.config import compose_config
-from lmtrain.study.bench import write_bench
-from lmtrain.study.gpu_bench import KIND, PLAIN, PLAIN_READ, checks, median
-from lmtrain.training.run import train
+from lmtrain.run.run import train
 
 ROOT = Path(__file__).resolve().parents[1]
 OUTPUTS = (

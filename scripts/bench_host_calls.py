@@ -27,7 +27,7 @@ import torch
 from bench_train import plain_round, round_overrides
 
 from lmtrain.config import compose_config
-from lmtrain.training.run import train
+from lmtrain.run.run import train
 
 TINY = ["model.num_layers=1", "model.hidden_dim=32", "model.emb_dim=32", "data.batch_size=20", "data.bptt=20"]
 DATA = "synthetic:1000"

@@ -16,7 +16,6 @@ Times are medians over repeats (ms); ratios are taken between cells measured in 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import platform
 import statistics
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lab.provenance import write_record
 from torch import Tensor, nn
 
 from lmtrain.output import AbsoluteSampledSoftmax, CosineSampledSoftmax, FullSoftmax, SampledSoftmax
@@ -214,9 +214,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.only in (None, "ptb"):
         results["ptb"] = ptb([10**4] if args.quick else [10**4, 10**6], 3 if args.quick else 10, warmup)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2))
-        print(f"wrote {args.json}")
+        write_record(args.json, results)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Operators that launch work and host syncs of one training step, per strategy, vocabulary size and execution path.
+"""Operators that launch work and host syncs of one training step, per strategy, vocabulary size and step forms.
 
     python scripts/bench_launches.py --json docs/bench/launches.json
     python scripts/bench_launches.py --sizes 10000 --outputs rff,unigram --execution gpu
@@ -6,8 +6,9 @@
 One ``lmtrain.training.step.train_step`` (forward, backward, clipping, the optimizer step and the after-step tree
 update) of the default model (2x200 LSTM) on a batch of 20 x 35 random tokens, m = 100 where a strategy samples,
 is counted with ``lab.launches.DispatchCounter`` after two warm-up steps, for every strategy at each
-vocabulary size (Zipf counts, no corpus) and under ``execution=cpu`` and ``execution=gpu`` (the GPU paths run on
-the CPU: the counts are the operators a GPU would launch). Counts are exact and machine-independent. The budgets
+vocabulary size (Zipf counts, no corpus) and in a CPU's and a GPU's step forms (``--execution cpu,gpu``: the config's
+``step_forms=cpu|gpu``; a GPU's forms run on the CPU, so the counts are the operators a GPU would launch; a record's
+rows keep the key ``execution``). Counts are exact and machine-independent. The budgets
 of the GPU paths (the issue on GPU-speed sampling) are checked and printed: at most one host sync per step; kernel
 samplers at most 3x unigram's operators and the same count (within 5%) at every size; every other strategy at
 most 1.5x full's plus its sampler's own draw (``lab.launches.count_draw``: the proposal and the m negatives
@@ -22,8 +23,7 @@ import sys
 from pathlib import Path
 
 from lab.launches import count_draw, count_train_step
-
-from lmtrain.study.bench import launches_table
+from records.bench import launches_table
 
 OUTPUTS = (
     "full",
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--outputs", default=",".join(OUTPUTS), help="strategies, comma-separated (name:override)")
     parser.add_argument("--sizes", default="10000,100000,1000000", help="vocabulary sizes, comma-separated")
-    parser.add_argument("--execution", default="cpu,gpu", help="execution paths, comma-separated")
+    parser.add_argument("--execution", default="cpu,gpu", help="step forms (step_forms=...), comma-separated")
     parser.add_argument("--override", action="append", default=[], help="extra config overrides for every cell")
     parser.add_argument("--json", type=Path, help="write the record here")
     args = parser.parse_args(argv)
@@ -92,10 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     for n in (int(float(s)) for s in args.sizes.split(",")):
         for entry in args.outputs.split(","):
             for execution in args.execution.split(","):
-                counts = count_train_step([*overrides(entry), f"execution={execution}", *args.override], n)
+                counts = count_train_step([*overrides(entry), f"step_forms={execution}", *args.override], n)
                 row = {"output": entry, "n": n, "execution": execution, **counts.as_dict()}
                 if execution == "gpu":  # the sampler's own draw, counted alone (0 without a sampler)
-                    row["draw_launches"] = count_draw([*overrides(entry), "execution=gpu", *args.override], n).launches
+                    row["draw_launches"] = count_draw([*overrides(entry), "step_forms=gpu", *args.override], n).launches
                 rows.append(row)
                 syncs = ", ".join(f"{k} {v}" for k, v in counts.sync_ops.items())
                 print(f"{entry:<42} {n:>9} {execution:>9} {counts.launches:>9} {counts.syncs:>6}  {syncs}", flush=True)

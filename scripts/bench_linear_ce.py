@@ -62,7 +62,7 @@ from torch import Tensor
 
 from lmtrain.output.chunked_softmax import chunked_softmax_nll, fitting_chunk
 from lmtrain.output.full import FullSoftmax
-from lmtrain.training.memory import reuse_freed_memory
+from lmtrain.process.memory import reuse_freed_memory
 
 HAS_TORCH_LCE = hasattr(F, "linear_cross_entropy") and hasattr(torch.nn, "LinearCrossEntropyOptions")
 BASE_VARIANTS = ["dense", "lmtrain", "torch_auto", "torch_aspect", "torch_budget"]

@@ -47,8 +47,9 @@ def zipf_counts(n: int, tokens: float = 1e7) -> Tensor:
 
 @functools.cache
 def compose_output(name: str, overrides: tuple[str, ...], num_samples: int | None) -> Any:
-    """The full app config with ``output=name`` (the data group is dropped: no corpus is needed here)."""
-    cfg = compose_config(["~data", f"output={name}", *overrides])
+    """The full app config with ``output=name`` (the data group is dropped: no corpus is needed here), in a CPU's
+    step forms (the step runs on the CPU; ``step_forms=gpu`` among the overrides times a GPU's forms there)."""
+    cfg = compose_config(["~data", "trainer.accelerator=cpu", f"output={name}", *overrides])
     if num_samples is not None and "num_samples" in cfg.output:
         cfg.output.num_samples = num_samples
     return cfg

@@ -23,8 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from lmtrain.process.threads import usable_cores
 from lmtrain.tools.run_records import training_throughput
-from lmtrain.training.threads import usable_cores
 
 
 def launch(args: argparse.Namespace, extra: list[str]) -> None:

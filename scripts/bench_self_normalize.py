@@ -12,7 +12,6 @@ and the ratio to the plain full softmax.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
@@ -23,6 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_output import compose_output, lmtrain_step, zipf_counts  # noqa: E402  (this folder's module)
+from lab.provenance import write_record  # noqa: E402
 
 from lmtrain.training.build import build_output  # noqa: E402
 
@@ -113,9 +113,7 @@ def main(argv: list[str] | None = None) -> dict:
         "rows": rows,
     }
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(data, indent=2))
-        print(f"wrote {args.json}")
+        write_record(args.json, data)
     return data
 
 

@@ -4,7 +4,7 @@
     python scripts/bench_traffic.py --sizes 100000 --outputs full:output.train_chunk=0,rff --top 8
 
 One ``lmtrain.training.step.train_step`` of the default model (2x200 LSTM) on a batch of 20 x 35 random tokens
-(``--batch``), m = 100 where a strategy samples, under ``execution=gpu`` (the GPU paths, run here on the CPU), is
+(``--batch``), m = 100 where a strategy samples, in a GPU's forms (``step_forms=gpu``, run here on the CPU), is
 counted with ``lab.traffic.TrafficCounter`` after a warm-up step: the bytes each operator must read and
 write at least (the model is in that module's docstring), the operators that launch work and the host syncs, and
 the call sites in lmtrain's code that move the most. Counts are exact and machine-independent; on a GPU of B
@@ -22,8 +22,7 @@ from pathlib import Path
 import torch
 from bench_launches import overrides
 from lab.traffic import KIND, count_step_traffic
-
-from lmtrain.study.bench import traffic_table
+from records.bench import traffic_table
 
 OUTPUTS = (
     "full:output.train_chunk=0",  # dense, as on a GPU (the CPU budget would chunk it at 10^6)
@@ -61,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     for n in sizes:
         for output in outputs:
-            counts, traffic = count_step_traffic([*overrides(output), "execution=gpu"], n, rows_cols)
+            counts, traffic = count_step_traffic([*overrides(output), "step_forms=gpu"], n, rows_cols)
             gc.collect()  # the cell's model and tree are cycles: freed now, before the next cell's (GiBs at 10^6)
             row = {"output": output, "n": n, "bytes": traffic.bytes, "macs": traffic.macs, "launches": counts.launches}
             row |= {"syncs": counts.syncs, "top": traffic.top(args.top)}

@@ -4,14 +4,14 @@
 
 Every measurement runs in this one process, rounds interleaved (strategy A, B, ..., plain; then again), so that
 machine load drifts hit all of them alike. A round trains `--steps` optimizer steps of the configured experiment
-(default `zaremba_small`: 2x200 LSTM, batch 20 x 20 steps) through `lmtrain.training.run.train`, with validation,
+(default `zaremba_small`: 2x200 LSTM, batch 20 x 20 steps) through `lmtrain.run.run.train`, with validation,
 checkpoints and W&B switched off. Its throughput is all tokens after `--warmup` steps over the time they took
 (data loading and every per-step overhead included), from the `tokens_per_sec` values lmtrain writes every
 `--interval` steps (each the mean over its interval, as a real run writes every `trainer.log_every_n_steps`).
 The reference is the loop a user would write by hand for the full softmax: embedding, LSTM, linear,
 cross-entropy, clip, and SGD, on the same windows, timed the same way. Reported: the median over rounds,
 each strategy / full, and lmtrain full / plain. lmtrain's allocator setting (`reuse_freed_memory`, see
-lmtrain/training/memory.py) is process-wide, so it is applied before the first round and both loops run under it;
+lmtrain/process/memory.py) is process-wide, so it is applied before the first round and both loops run under it;
 `--default-malloc` measures both with glibc's defaults instead.
 
 At scale (issue 12), `--data ptb,zipf:100000,zipf:1000000` measures every strategy on each corpus (`zipf:N` is
@@ -58,9 +58,9 @@ from hydra.utils import instantiate
 
 from lmtrain.common.precision import lstm_region
 from lmtrain.config import compose_config
+from lmtrain.process.memory import reuse_freed_memory
+from lmtrain.run.run import train
 from lmtrain.tools.run_records import read_metrics, training_throughput
-from lmtrain.training.memory import reuse_freed_memory
-from lmtrain.training.run import train
 
 
 def data_overrides(data: str | None) -> list[str]:
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> dict:
         reuse_freed_memory()  # process-wide: both loops alike
     if args.threads:
         torch.set_num_threads(args.threads)
-    torch.set_flush_denormal(True)  # as lmtrain.training.run.train does, so the reference is not slowed by subnormals
+    torch.set_flush_denormal(True)  # as lmtrain.run.run.train does, so the reference is not slowed by subnormals
     if args.cell is not None:  # a child of --isolate: one round, one JSON line
         cell = json.loads(args.cell)
         rate, losses = lmtrain_round(cell["entry"], args, Path(cell["workdir"]), cell["index"], cell["data"])

@@ -25,7 +25,6 @@ medians of process CPU time (steadier than wall time on a shared machine; both a
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
@@ -38,6 +37,7 @@ from lmtrain.sampler.kernel import KernelTree, RandomFourierFeatures
 from lmtrain.sampler.kernel import walk as walk_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lab.provenance import write_record  # noqa: E402
 from walk_probes import Before, bandwidth, clocked, storage_trial, walk_bytes  # noqa: E402  (this folder's module)
 
 
@@ -228,9 +228,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f" of the better read bandwidth measured ({best:.1f} GB/s)"
         )
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2))
-        print(f"wrote {args.json}")
+        write_record(args.json, results)
     return results
 
 

@@ -91,7 +91,7 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple
     """trained_run(output, corpus) -> (run folder, final metrics) of a tiny run trained for 8 steps and tested with
     data.eval_batch_size=1, one per (output, corpus) in the session. corpus "synthetic": no <eos>, no <unk>;
     "text": write_text_corpus, lines end in <eos> and the vocabulary has <unk>."""
-    from lmtrain.training.run import train
+    from lmtrain.run.run import train
 
     runs: dict[tuple[str, str], tuple[Path, dict[str, float]]] = {}
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import torch
 from lab.launches import synthetic_counts
-from lab.step_fixture import as_on_a_cpu, as_on_a_gpu
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from lmtrain.config import compose_config
 from lmtrain.output.base import OutputLayer
@@ -45,14 +44,13 @@ def config(output: str, extra: str) -> DictConfig:
 
 
 def built(cfg: DictConfig, device: str, gpu_forms: bool) -> LanguageModel:
-    """The model of ``cfg``, the same weights on every call (seeded), on ``device``, taking a GPU's forms or a CPU's
-    (set explicitly: the device alone would choose them)."""
+    """The model of ``cfg``, the same weights on every call (seeded), on ``device``, built in a GPU's step forms or a
+    CPU's (``step_forms``, set explicitly: the device alone would choose them)."""
     torch.manual_seed(0)
     counts = synthetic_counts(VOCAB)
     stream = torch.multinomial(counts.double(), 5_000, replacement=True, generator=torch.Generator().manual_seed(1))
-    module = build_module(cfg, VOCAB, counts, stream).to(device)
-    (as_on_a_gpu if gpu_forms else as_on_a_cpu)(module)
-    return module
+    cfg = OmegaConf.merge(cfg, {"step_forms": "gpu" if gpu_forms else "cpu"})
+    return build_module(cfg, VOCAB, counts, stream).to(device)
 
 
 def force_draws(layer: OutputLayer, ids: torch.Tensor) -> None:

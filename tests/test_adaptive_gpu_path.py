@@ -1,5 +1,5 @@
-"""The adaptive softmax's fixed-shape loss (a GPU's: no host sync): torch's module's loss and gradients, the same
-state."""
+"""The adaptive softmax's fixed-shape loss (a GPU's step forms: no host sync): torch's module's loss and gradients,
+the same state."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ import pytest
 import torch
 from lab.launches import DispatchCounter
 
+from lmtrain.common.runtime import CPU_FORMS, GPU_FORMS
 from lmtrain.output import AdaptiveSoftmax
 
 
 def loss_and_grads(output: AdaptiveSoftmax, hidden: torch.Tensor, target: torch.Tensor, gpu: bool):
-    output.fixed_shapes = gpu
+    output.forms = GPU_FORMS if gpu else CPU_FORMS  # one layer in either forms: the same weights for both
     hidden = hidden.clone().requires_grad_(True)
     output.zero_grad(set_to_none=True)
     loss = output.loss(hidden, target)
@@ -40,17 +41,21 @@ def test_the_gpu_path_gives_the_cpu_paths_loss_and_gradients(logits_mib, cutoffs
 
 
 def test_the_gpu_path_does_not_sync_and_keeps_the_state_and_the_evaluation():
+    """Built in a GPU's step forms, the loss reads nothing on the host; its state is a CPU-forms layer's (checkpoints
+    load either way) and its evaluation is torch's."""
     torch.manual_seed(1)
-    output = AdaptiveSoftmax(1000, 32, cutoffs=[100, 400])
+    output = AdaptiveSoftmax(1000, 32, forms=GPU_FORMS, cutoffs=[100, 400])
     hidden, target = torch.randn(64, 32), torch.randint(1000, (64,))
     log_p = output.log_prob(hidden, target)
-    keys = set(output.state_dict())
-    output.fixed_shapes = True
     with DispatchCounter() as counter:
         output.loss(hidden, target).backward()
     assert counter.counts.syncs == 0, dict(counter.counts.sync_ops)
-    assert set(output.state_dict()) == keys and "bounds" not in keys  # checkpoints load on either path
+    other = AdaptiveSoftmax(1000, 32, cutoffs=[100, 400])  # a CPU's forms, the default
+    with DispatchCounter() as counter:
+        other.loss(hidden, target)
+    assert counter.counts.sync_ops["nonzero"] >= 1  # the other form: torch's module finds each cluster's positions
+    keys = set(output.state_dict())
+    assert set(other.state_dict()) == keys and "bounds" not in keys  # checkpoints load on either path
     torch.testing.assert_close(output.log_prob(hidden, target), log_p, rtol=0, atol=0)
-    other = AdaptiveSoftmax(1000, 32, cutoffs=[100, 400])
     other.load_state_dict(output.state_dict())
     torch.testing.assert_close(other.log_prob(hidden, target), log_p, rtol=0, atol=0)

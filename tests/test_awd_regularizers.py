@@ -16,7 +16,7 @@ from lmtrain.model.lstm import LSTMEncoder, LSTMOptions
 from lmtrain.model.stack import LayerStack
 from lmtrain.model.weight_drop import dropped_recurrent_weights
 from lmtrain.output.full import FullSoftmax
-from lmtrain.training.checkpoints import same
+from lmtrain.run_folder.checkpoints import same
 from lmtrain.training.step import evaluate, window_loss
 from tests.cli_runs import TINY, run_cli, run_info
 
@@ -225,7 +225,7 @@ def test_a_short_cli_run_with_every_regularizer_on(tmp_path):
 
 def test_resume_with_every_regularizer_on_is_bit_equal_to_the_uninterrupted_run(tmp_path, monkeypatch):
     """The masks of every dropout and of weight drop come from the RNG a checkpoint restores."""
-    from lmtrain.training.run import train
+    from lmtrain.run.run import train
     from tests.conftest import TINY as IN_PROCESS
     from tests.conftest import make_config
     from tests.helpers import SimulatedCrash

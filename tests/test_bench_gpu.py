@@ -12,8 +12,7 @@ import pytest
 from lab.provenance import junit_counts
 from lab.step_clock import clock_throughput
 from omegaconf import OmegaConf
-
-from lmtrain.study.bench import render_bench
+from records.bench import render_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,7 +49,7 @@ def test_the_quick_cpu_run_writes_every_cell_the_goals_and_the_table(bench_gpu, 
     assert len(goals) == 2 and all(c["verdict"] in ("PASS", "FAIL") for c in record["checks"])
     assert ("lmtrain full / plain PyTorch loop >= 0.9", "bf16-mixed") in goals
     table = out.with_suffix(".md").read_text()
-    assert table == render_bench(out)  # what `python -m lmtrain.study --check` compares
+    assert table == render_bench(out)  # what `python scripts/render_docs.py --check` compares
     assert (
         "| synthetic:300 (300 types): strategy | float32 tokens/s | x full | peak GiB | bf16-mixed tokens/s |" in table
     )
@@ -115,7 +114,7 @@ def test_the_clock_times_the_steps_after_the_warmup(tmp_path):
 
 def test_a_cell_shows_its_median_and_how_far_its_rounds_spread():
     """Which bug: a table that hides how much the rounds of one cell disagree (on an H200 they moved by up to 15%)."""
-    from lmtrain.study.gpu_bench import _cell_columns
+    from records.gpu_bench import _cell_columns
 
     def cell(*samples: float) -> dict:
         return {"status": "ok", "tokens_per_sec": list(samples), "peak_gib": 1.0}
@@ -146,7 +145,7 @@ def test_the_plain_loop_with_its_loss_read_waits_once_more_a_step(bench_gpu, one
 def test_each_goal_holds_only_at_its_own_number_of_classes():
     """The 10^4 goal is not read at 10^6 (nor the 10^6 goal at 10^5) when a record covers other corpora than the
     default three: goals follow the corpora's sizes, not their order."""
-    from lmtrain.study.gpu_bench import checks
+    from records.gpu_bench import checks
 
     speeds = {"full": 100.0, "rff": 300.0, "plain loop": 100.0}
     for corpora in (["zipf:1000000"], ["ptb", "zipf:100000"], ["ptb", "zipf:100000", "zipf:1000000"]):

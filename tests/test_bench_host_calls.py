@@ -50,6 +50,6 @@ def test_package_names_whose_code_runs(bench_host_calls):
     assert package("~") == "builtins"
     assert package("/venv/lib/python3.11/site-packages/lightning/pytorch/trainer/trainer.py") == "lightning"
     assert package("/venv/lib/python3.11/site-packages/lightning_utilities/core/enums.py") == "lightning"
-    assert package("/work/main/lmtrain/training/host_time.py") == "lmtrain"
+    assert package("/work/main/lmtrain/run/host_time.py") == "lmtrain"
     assert package("/venv/lib/python3.11/site-packages/torch/nn/modules/module.py") == "torch"
     assert package("/usr/lib/python3.11/contextlib.py") == "python"

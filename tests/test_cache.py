@@ -132,7 +132,7 @@ CACHED = ["eval.cache.window=40", "eval.cache.theta=0.5", "eval.cache.lam=0.2", 
 @pytest.fixture(scope="module")
 def cached_run(tmp_path_factory):
     """A tiny synthetic run whose config holds eval.cache settings and tests with them."""
-    from lmtrain.training.run import train
+    from lmtrain.run.run import train
     from tests.conftest import TINY
 
     root = tmp_path_factory.mktemp("cached")

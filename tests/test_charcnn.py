@@ -168,7 +168,7 @@ def test_the_evaluation_computes_every_vector_once_and_again_after_a_step():
 
 
 def test_a_runs_evaluations_each_spell_the_vocabulary_once(tiny_config, monkeypatch):
-    from lmtrain.training.run import train
+    from lmtrain.run.run import train
 
     counts = []
     spell = CharCNNSoftmax.spell

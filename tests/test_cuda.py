@@ -46,7 +46,12 @@ def test_two_training_steps_on_cuda_equal_the_cpu_steps(output, extra, exact_flo
 
 
 def kernel_layer(output: str, shared: bool, device: str) -> SampledOutput:
-    cfg = compose_config([f"output={output}", f"++output.shared_negatives={str(shared).lower()}"])
+    """The layer on ``device`` in that device's step forms (said explicitly: on this machine ``auto`` takes a GPU's
+    for both), the same weights on every call."""
+    forms = "gpu" if device == "cuda" else "cpu"
+    cfg = compose_config(
+        [f"output={output}", f"++output.shared_negatives={str(shared).lower()}", f"step_forms={forms}"]
+    )
     torch.manual_seed(0)
     counts = synthetic_counts(60)
     return build_output(cfg, 60, 8, counts).to(device)
@@ -59,6 +64,7 @@ def test_kernel_draws_on_cuda_come_with_the_cpu_log_q_and_follow_it(output, shar
     frequencies follow it: 40,000 draws for one query are within 0.05 in total variation of the CPU's q (a correct
     walk gives about 0.015; a walk that ignored the kernel, uniform over 60 classes, is 0.3 or more away)."""
     cpu, gpu = kernel_layer(output, shared, "cpu"), kernel_layer(output, shared, "cuda")
+    assert (cpu.sampler.tree.backend.name, gpu.sampler.tree.backend.name) == ("walk", "fixed")
     hidden = 2 * torch.randn(12, 8, generator=torch.Generator().manual_seed(4))
     ids, log_q, _ = draw_negatives(gpu, hidden.cuda())
     assert ids.device.type == "cuda" and ids.shape == ((cpu.num_samples,) if shared else (12, cpu.num_samples))

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from lmtrain.output import SampledSoftmax
+from lmtrain.run.run import train
 from lmtrain.sampler import SoftmaxSampler, UniformSampler
 from lmtrain.tools.diagnose import main as diagnose_main
 from lmtrain.tools.estimator_bias import all_logits, gradient_bias, hidden_spread, proposal_kl
-from lmtrain.training.run import train
 from tests.helpers import log_q_all_from
 
 

@@ -29,7 +29,7 @@ def test_the_first_run_takes_one_thread_and_both_docs_show_its_numbers():
 @pytest.mark.slow  # the first run itself: 300 steps of the default model on Penn Treebank, a few minutes
 @pytest.mark.skipif(not (SHARED_DATA / "ptb").is_dir(), reason="needs Penn Treebank in LMTRAIN_DATA_DIR")
 def test_the_first_run_gives_the_readmes_numbers(tmp_path, monkeypatch):
-    from lmtrain.training.run import train
+    from lmtrain.run.run import train
 
     monkeypatch.setenv("LMTRAIN_DATA_DIR", str(SHARED_DATA))
     monkeypatch.setenv("LMTRAIN_CACHE_DIR", str(tmp_path / "cache"))

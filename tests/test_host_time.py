@@ -11,7 +11,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.profilers import PassThroughProfiler
 
-from lmtrain.training.host_time import NoProfiler
+from lmtrain.run.host_time import NoProfiler
 
 
 def test_no_profiler_hands_back_one_reusable_context_and_records_nothing():
@@ -29,9 +29,9 @@ def test_periodic_checkpoints_are_lightnings_own_and_an_earlier_single_one_resum
     """Lightning's ModelCheckpoint by steps and another by minutes (no private attribute set); a checkpoint whose
     one periodic callback did both (earlier lmtrain) resumes without Lightning's missing-callback warning, which
     still names any other callback missing."""
-    from lmtrain.training.library_logs import OLD_PERIODIC
-    from lmtrain.training.run import train
-    from lmtrain.training.trainer import build_callbacks
+    from lmtrain.process.library_logs import OLD_PERIODIC
+    from lmtrain.run.run import train
+    from lmtrain.run.trainer import build_callbacks
 
     cfg = tiny_config("checkpoint_every_n_steps=3", "trainer.max_steps=6", "test_after_fit=false")
     best, steps, minutes = build_callbacks(cfg, tmp_path / "checkpoints", "")[:3]
@@ -67,15 +67,15 @@ def test_metrics_csv_is_written_at_most_every_few_seconds_and_complete_at_the_en
     step's row (Lightning saves them at validation and at the end)."""
     import lightning.pytorch.loggers as loggers
 
-    from lmtrain.training import metered_module
-    from lmtrain.training.run import train
+    from lmtrain.run.run import train
+    from lmtrain.training import module
 
     saves: list[int] = []
     real_save = loggers.CSVLogger.save
     monkeypatch.setattr(loggers.CSVLogger, "save", lambda self: saves.append(1) or real_save(self))
     counted = {}
     for seconds in (0.0, 3600.0):
-        monkeypatch.setattr(metered_module, "SAVE_EVERY_SECONDS", seconds)
+        monkeypatch.setattr(module, "SAVE_EVERY_SECONDS", seconds)
         saves.clear()
         run = tmp_path / f"run-{seconds}"
         train(tiny_config("trainer.max_steps=40", "trainer.log_every_n_steps=5", "test_after_fit=false", run_dir=run))
@@ -86,7 +86,7 @@ def test_metrics_csv_is_written_at_most_every_few_seconds_and_complete_at_the_en
 
 
 def test_a_run_without_validation_has_no_best_checkpoint_and_no_warning_about_val_ppl(tiny_config, tmp_path, recwarn):
-    from lmtrain.training.run import train
+    from lmtrain.run.run import train
 
     run = tmp_path / "run"
     train(tiny_config("trainer.max_steps=6", "trainer.limit_val_batches=0", "test_after_fit=false", run_dir=run))

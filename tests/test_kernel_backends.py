@@ -1,14 +1,20 @@
-"""A kernel tree's two backends on the same tree, the fixed one (a GPU's default) against the walk (a CPU's): the same
-log q for the same ids, the targets' log q computed with the draws equal to the one computed alone, and training
-steps that learn alike; and the choice of the backend by the device."""
+"""A kernel tree's two backends on the same tree, the fixed one (a GPU's) against the walk (a CPU's): the same log q
+for the same ids, the targets' log q computed with the draws equal to the one computed alone, and training steps that
+learn alike; and the choice of the step forms, once, when the model is built."""
 
 from __future__ import annotations
+
+import ast
+from pathlib import Path
 
 import pytest
 import torch
 from lab.launches import synthetic_counts
 
+from lmtrain.common.runtime import CPU_FORMS, GPU_FORMS
 from lmtrain.sampler import QuadraticSampler, RFFSampler
+from lmtrain.sampler.kernel.fixed_backend import FixedBackend
+from lmtrain.sampler.kernel.walk_backend import WalkBackend
 from tests.conftest import DEVICES
 from tests.forced_steps import CASE_IDS, CASES, VOCAB, assert_same_steps, config, two_steps
 
@@ -16,9 +22,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def use_backend(made, backend: str) -> None:
-    """Force ``made``'s tree onto ``backend`` (``sampler.backend=walk|fixed``)."""
-    made.backend = backend
-    made.tree.use_fixed_backend(backend == "fixed")
+    """Switch ``made``'s tree to ``backend`` (``walk`` or ``fixed``), to compare both on one tree."""
+    made.tree.use_backend(backend)
 
 
 def sampler(kind: str, shared: bool, n: int = 300, d: int = 6, device: str = "cpu", **extra):
@@ -50,7 +55,7 @@ def test_the_fixed_backend_gives_the_walks_log_q_and_the_targets(kind, shared, w
     expected_targets, expected_others = cpu.log_q(targets[:, None]), cpu.log_q(others)
 
     use_backend(made, "fixed")
-    walk, depth = made.tree.fixed.walk, made.tree.depth
+    walk, depth = made.tree.backend.walk, made.tree.depth
     walk.walked, walk.scored = walked, 0  # a tree of 7 levels: the last ``walked`` drawn in gathered stages
     walk.single_reads = walk.single_reads if shared == "whole" else 0  # one query: every level scored at once
     assert (walk.top(1) == depth) == (shared == "whole" or not walked)
@@ -75,24 +80,26 @@ def test_scored_levels_reach_the_fixed_walk_and_keep_the_walks_log_q(scored_leve
     ids = torch.randint(0, 300, (5, 9), generator=torch.Generator().manual_seed(2))
     expected = made.propose(query).log_q(ids)
     use_backend(made, "fixed")
-    assert made.tree.depth == 7 and made.tree.fixed.walk.scored_level(5) == max(3, scored_levels)
+    assert made.tree.depth == 7 and made.tree.backend.walk.scored_level(5) == max(3, scored_levels)
     torch.testing.assert_close(made.propose(query).log_q(ids), expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_auto_follows_the_device_and_a_forced_backend_stays(device):
-    """``sampler.backend=auto``: the fixed backend for a tree built on a GPU, the walk elsewhere, chosen again when
-    the layer moves (``follow``); ``walk`` and ``fixed`` hold on any device."""
+def test_auto_follows_the_step_forms_and_a_forced_backend_stays(device):
+    """``sampler.backend=auto``: the fixed backend in a GPU's step forms, the walk in a CPU's (and for a sampler
+    built without any), chosen once when the tree is built: it stays on any device the layer moves to (``follow``);
+    ``walk`` and ``fixed`` hold in either forms."""
     weight = 0.3 * torch.randn(300, 6)
-    for backend, expected in (("auto", device == "cuda"), ("walk", False), ("fixed", True)):
-        made = RFFSampler(D=32, leaf_size=4, unigram_share=0.0, backend=backend)
-        made.update(weight.to(device))
-        assert made.tree.fixed_backend == expected, backend
-    made = RFFSampler(D=32, leaf_size=4, unigram_share=0.0)
-    made.update(weight)
-    assert not made.tree.fixed_backend
-    made.follow(weight.to(device))
-    assert made.tree.fixed_backend == (device == "cuda")
+    cases = [(backend, forms) for backend in ("auto", "walk", "fixed") for forms in (None, CPU_FORMS, GPU_FORMS)]
+    for backend, forms in cases:
+        made = RFFSampler(D=32, leaf_size=4, unigram_share=0.0, backend=backend, forms=forms)
+        fixed = backend == "fixed" or (backend == "auto" and forms is GPU_FORMS)
+        made.update(weight)
+        made.follow(weight.to(device))
+        assert type(made.tree.backend) is (FixedBackend if fixed else WalkBackend), (backend, forms)
+        assert made.tree.store.block_limit == made.tree.backend.block_limit
+        ids = made.propose(torch.randn(4, 6).to(device)).draw(5).ids  # draws on the device, in the backend chosen
+        assert ids.device.type == device and ids.shape == (4, 5)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -140,12 +147,12 @@ def test_path_deltas_keep_the_walks_log_q(kind, device):
     gen = torch.Generator().manual_seed(5)
     query = torch.randn(5, 6, generator=gen).to(device)
     ids = torch.randint(0, 300, (5, 9), generator=gen).to(device)
-    assert made.tree.store.fixed_update.by_paths(6)
+    assert made.tree.backend.tree_update.by_paths(6)
     for round_ in range(4):
         changed = torch.tensor([7, 8, 7, 120 + round_, 299, 8])  # repeats, and rows of one bucket (leaf size 4)
         weight[changed.to(device)] += 0.2 * torch.randn(changed.numel(), 6, generator=gen).to(device)
         made.update(weight, changed.to(device))  # by paths but the 3rd, which recomputes every leaf and re-sums
-        assert made.tree.store.fixed_update.updates == (round_ + 1) % 3
+        assert made.tree.store.updates == (round_ + 1) % 3
         expected = sampler(kind, True, device=device)
         expected.update(weight)  # a tree built from the final weights
         log_q = made.propose(query).log_q(ids)
@@ -162,12 +169,12 @@ def test_path_deltas_drift_no_more_than_a_re_sum_over_real_training(kind):
 
     drift = {}
     for mode in ("paths", "resum"):
-        overrides = [f"output={kind}", "output.shared_negatives=true", "sampler.backend=fixed"]
+        overrides = [f"output={kind}", "output.shared_negatives=true", "step_forms=gpu"]
         overrides += [f"sampler.tree_update={mode}"]
         overrides += ["model.emb_dim=16", "model.hidden_dim=16", *(["sampler.D=64"] if kind == "rff" else [])]
         fixture = step_fixture(overrides, 20_000, 63)
         output, state = fixture.module.output, None
-        assert output.sampler.tree.store.fixed_update.by_paths(800) == (mode == "paths")
+        assert output.sampler.tree.backend.tree_update.by_paths(800) == (mode == "paths")
         for batch in fixture.batches:
             window = fixture.step(batch, state)
             state = tuple(s.detach() for s in window.state)
@@ -190,14 +197,60 @@ def test_two_training_steps_in_a_gpus_forms_equal_a_cpus(output, extra):
     assert_same_steps(two_steps(cfg, "cpu", gpu_forms=True), two_steps(cfg, "cpu", gpu_forms=False))
 
 
-def test_the_old_execution_key_is_accepted_with_a_one_line_note(caplog):
-    """``execution=`` of earlier releases composes and builds; the device decides, and one line says so."""
-    from lmtrain.training.build import build_module
+@pytest.mark.parametrize(
+    ("overrides", "on_cuda", "fixed"),
+    [
+        ("trainer.accelerator=cpu", True, False),
+        ("trainer.accelerator=gpu", True, True),
+        ("trainer.accelerator=cuda", True, True),
+        ("trainer.accelerator=auto", True, True),
+        ("trainer.accelerator=auto", False, False),  # no CUDA GPU here: Lightning trains on the CPU
+        ("trainer.accelerator=mps", True, False),
+        ("trainer.accelerator=cpu step_forms=gpu", False, True),  # forced: a GPU's forms on the CPU
+        ("trainer.accelerator=gpu step_forms=cpu", True, False),
+    ],
+)
+def test_the_step_forms_are_decided_once_from_the_config_and_reach_every_part(overrides, on_cuda, fixed, monkeypatch):
+    """``step_forms=auto`` takes a GPU's forms where the run trains on a CUDA GPU (``trainer.accelerator``, as
+    Lightning picks it), ``cpu`` or ``gpu`` forces them on any machine; the decision reaches the kernel tree (its
+    backend, unless ``sampler.backend`` forces one) and the adaptive softmax's loss."""
+    from lmtrain.training.build import build_module, step_forms
 
-    cfg = config("rff", "")
-    cfg.execution = "gpu"
-    with caplog.at_level("WARNING", logger="lmtrain"):
-        module = build_module(cfg, VOCAB, synthetic_counts(VOCAB), None)
-    notes = [r.getMessage() for r in caplog.records if "execution" in r.getMessage()]
-    assert len(notes) == 1 and "ignored" in notes[0] and "\n" not in notes[0]
-    assert not module.output.sampler.tree.fixed_backend  # a CPU model: the walk, whatever execution said
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: on_cuda)
+    assert step_forms(config("rff", overrides)).fixed_shapes == fixed
+    kernel = build_module(config("rff", overrides), VOCAB, synthetic_counts(VOCAB), None)
+    assert kernel.output.sampler.tree.backend.name == ("fixed" if fixed else "walk")
+    forced = build_module(config("rff", f"{overrides} sampler.backend=walk"), VOCAB, synthetic_counts(VOCAB), None)
+    assert forced.output.sampler.tree.backend.name == "walk"  # sampler.backend overrides the forms
+    adaptive = build_module(config("adaptive", overrides), VOCAB, synthetic_counts(VOCAB), None)
+    assert adaptive.output.forms.fixed_shapes == fixed
+
+
+def test_the_tools_decide_the_forms_by_the_device_they_run_on(monkeypatch):
+    """A tool names the device it runs a trained model on (``build_module(..., device=...)``): a GPU's forms there on
+    a CUDA GPU, a CPU's on the CPU, whatever accelerator the run trained with; a forced ``step_forms`` still holds."""
+    from lmtrain.training.build import step_forms
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert not step_forms(config("rff", "trainer.accelerator=gpu"), "cpu").fixed_shapes
+    assert step_forms(config("rff", "trainer.accelerator=cpu"), "cuda").fixed_shapes
+    assert step_forms(config("rff", "step_forms=gpu"), "cpu").fixed_shapes
+
+
+def test_the_kernel_trees_modules_import_no_cycle_and_neither_backend_the_other():
+    """Each module of ``sampler/kernel/`` imports only modules below it (imports inside functions and under
+    TYPE_CHECKING count: the fixed update and the store once imported each other that way), and the two backends
+    meet only in the tree that holds one."""
+    root = Path(__file__).resolve().parents[1] / "lmtrain" / "sampler" / "kernel"
+    graph: dict[str, set[str]] = {p.stem: set() for p in root.glob("*.py") if p.stem != "__init__"}
+    for name in graph:
+        for node in ast.walk(ast.parse((root / f"{name}.py").read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("lmtrain.sampler.kernel."):
+                graph[name].add(node.module.rsplit(".", 1)[1])
+
+    def below(name: str, path: tuple[str, ...] = ()) -> set[str]:
+        assert name not in path, f"import cycle: {' -> '.join((*path, name))}"
+        return set().union(*({dep} | below(dep, (*path, name)) for dep in graph[name]))
+
+    assert "fixed_backend" not in below("walk_backend") and "walk_backend" not in below("fixed_backend")
+    assert {"walk_backend", "fixed_backend", "backend"} <= below("tree")

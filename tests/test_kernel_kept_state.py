@@ -36,7 +36,7 @@ def state_of(sampler) -> dict[str, torch.Tensor]:
     return {
         "nodes": store.nodes.clone(),
         "deltas": store.deltas.clone(),
-        "updates": torch.tensor(store.fixed_update.updates),
+        "updates": torch.tensor(store.updates),
         "table": store.cache.table.clone(),
     }
 

@@ -50,7 +50,7 @@ def test_shared_draws_follow_log_q_bar(kind, path):
     torch.manual_seed(2)
     if path.startswith("gpu"):  # the draws walked together with known ids (a step's targets), which keep log q-bar
         known = torch.arange(n).flip(0)  # (n,) every class, the empty buckets' neighbours included
-        ids, drawn = tree.fixed.sample_mixture(psi, 40_000, None, known)  # (40,000 + n,) each
+        ids, drawn = tree.backend.sample_mixture(psi, 40_000, None, known)  # (40,000 + n,) each
         assert torch.equal(ids[40_000:], known)
         torch.testing.assert_close(drawn[40_000:], log_q.flip(0), rtol=0, atol=1e-5)
         ids, drawn = ids[:40_000], drawn[:40_000]

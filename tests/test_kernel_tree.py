@@ -21,7 +21,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # dense_factor 0 forces per-walker gathers everywhere, a huge one forces one GEMM per level; "gpu" takes the GPU
-# paths (execution=gpu: FixedWalk with its top levels scored whole, FixedUpdate), with the top of a small tree
+# backend (a GPU's: FixedWalk with its top levels scored whole, FixedUpdate), with the top of a small tree
 # scored whole and its last levels drawn in gathered stages (two levels: one stage; three: one stage of three; four:
 # two stages of two); "gpu_whole" with the defaults, which score a small tree whole (per position the last levels a
 # stage read from the product, one query draws its buckets from the reach)
@@ -45,12 +45,11 @@ def make_tree(
 ) -> KernelTree:
     """A tree whose small ``chunk`` makes sampling and building run in several memory blocks."""
     kw.setdefault("feature_cache", CACHE.get(kind, "auto"))
+    kw.setdefault("backend", "fixed" if path.startswith("gpu") else "walk")
     tree = KernelTree(make_features(kind), leaf_size=leaf_size, dense_factor=PATHS[path], chunk_elements=chunk, **kw)
-    if path.startswith("gpu"):
-        tree.use_fixed_backend(True)
-        if path != "gpu_whole":  # one query (a mixture's psi) walks too: no tree scored whole for it
-            walked = GPU_WALKED_LEVELS[path]
-            tree.fixed.walk.walked, tree.fixed.walk.scored, tree.fixed.walk.single_reads = walked, 0, 0
+    if path.startswith("gpu") and path != "gpu_whole":  # one query (a mixture's psi) walks too: no tree scored whole
+        walked = GPU_WALKED_LEVELS[path]
+        tree.backend.walk.walked, tree.backend.walk.scored, tree.backend.walk.single_reads = walked, 0, 0
     tree.rebuild(weight)
     return tree
 
@@ -96,7 +95,7 @@ def test_log_q_is_a_distribution_and_draws_follow_it(kind, path):
     draws = 30_000
     if path.startswith("gpu"):  # the draws walked together with known ids (a step's targets), which keep log q
         known = every[:, ::4]  # (3, 10), every bucket's classes among them
-        ids, log_q = tree.fixed.sample(query, tree.features(query), draws, None, known)  # (3, draws + 10) each
+        ids, log_q = tree.backend.sample(query, tree.features(query), draws, None, known)  # (3, draws + 10) each
         assert torch.equal(ids[:, draws:], known)
         torch.testing.assert_close(log_q[:, draws:], tree.log_q(query, known), rtol=1e-6, atol=1e-5)
         ids, log_q = ids[:, :draws], log_q[:, :draws]
@@ -293,7 +292,7 @@ def test_bfloat16_projection_is_close_to_the_float32_features():
 @pytest.mark.parametrize("leaf_size", [4, 256])
 @pytest.mark.parametrize("propagation", ["whole", "paths"])
 def test_gpu_path_updates_match_a_rebuild_with_repeated_rows(kind, many, leaf_size, propagation):
-    """FixedUpdate (execution=gpu): repeated rows count once, and the tree equals a rebuild after 100 rounds.
+    """FixedUpdate (the fixed backend's): repeated rows count once, and the tree equals a rebuild after 100 rounds.
     ``many``: a step names more rows than there are classes (every row goes through, unchanged ones masked).
     ``leaf_size`` 256: a tree of one leaf, the root, which has no parent to take the repeats' deltas.
     ``propagation``: the changed buckets' ancestors re-summed whole, or given the deltas along their paths
@@ -303,7 +302,7 @@ def test_gpu_path_updates_match_a_rebuild_with_repeated_rows(kind, many, leaf_si
     mode = "resum" if propagation == "whole" else "paths"
     tree = make_tree(kind, weight, path="gpu", leaf_size=leaf_size, chunk=1 << 22, tree_update=mode)
     assert (tree.store.num_buckets == 1) == (leaf_size > n)
-    update = tree.store.fixed_update
+    update = tree.backend.tree_update
     assert update.by_paths(33) == (propagation == "paths" and leaf_size < n)  # a round's most rows without ``many``
     assert not update.by_paths(n)  # a step that names n rows or more goes through every row
     gen = torch.Generator().manual_seed(8)

@@ -7,7 +7,7 @@ import torch
 
 from lmtrain.sampler import QuadraticSampler, RFFSampler
 from lmtrain.sampler.kernel import sampler as kernel_sampler
-from lmtrain.sampler.kernel import tree as kernel_tree
+from lmtrain.sampler.kernel import walk_backend
 from tests.helpers import log_q_all_from, log_q_from, sample_from
 from tests.test_kernel_shared import assert_draws_follow, queries
 from tests.test_kernel_tree import augmented
@@ -59,7 +59,7 @@ def test_batch_shared_draws_follow_the_mixture(kind):
 
 
 def test_kernel_log_q_through_bucket_reach_equals_the_path_reads(monkeypatch):
-    monkeypatch.setattr(kernel_tree, "GATHER_COST", 1e9)  # always through walk.log_reach
+    monkeypatch.setattr(walk_backend, "GATHER_COST", 1e9)  # always through walk.log_reach
     sampler = make_sampler("rff", share=0.25)
     query = queries(2, DIM, seed=5)
     some = torch.tensor([[0, 5, 5, 77, N_CLASSES - 1], [3, 3, 64, 65, 119]])

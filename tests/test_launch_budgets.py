@@ -1,5 +1,5 @@
-"""What a training step asks of a GPU, counted on the CPU in the forms a GPU takes (``execution=gpu``, the counter's own
-override: ``lab.step_fixture.as_on_a_gpu``): at most one host sync, a kernel
+"""What a training step asks of a GPU, counted on the CPU in the forms a GPU takes (``step_forms=gpu``, decided when
+the model is built): at most one host sync, a kernel
 sampler's operator count bounded by unigram's and not growing with the vocabulary size, and the other strategies
 within 1.5x the full softmax's operators plus their sampler's draw where that is met (docs/gpu.md).
 
@@ -31,9 +31,9 @@ WHOLE, WALKED = 10_000, (200_000, 1_000_000)
 SAME_COUNT = 1.05  # the issue's "the same count (+-5%)" at every size: the largest at most 1.05x the smallest
 
 
-def counts(overrides: list[str], n: int, execution: str = "gpu"):
+def counts(overrides: list[str], n: int, forms: str = "gpu"):
     extra = ["sampler.D=32"] if "output=rff" in overrides else []
-    return count_train_step([*SMALL, *extra, *overrides, f"execution={execution}"], n, batch=(20, 35))
+    return count_train_step([*SMALL, *extra, *overrides, f"step_forms={forms}"], n, batch=(20, 35))
 
 
 @pytest.mark.parametrize(
@@ -71,7 +71,7 @@ def test_the_other_hsm_tree_and_the_cpu_adaptive_path_sync_as_expected():
 @pytest.fixture(scope="module")
 def full_step() -> int:
     """Operators of the full softmax's GPU-path step on the default model (the 1.5x rule's unit)."""
-    return count_train_step(["output=full", "execution=gpu"], 2000).launches
+    return count_train_step(["output=full", "step_forms=gpu"], 2000).launches
 
 
 # unigram, exp and bigram meet it with the targets' log q looked up with the negatives' (``SampledOutput.joint_draw``):
@@ -83,26 +83,23 @@ WITHIN_THE_RULE = ["hsm", "nce", "negative", "uniform", "unigram", "exp", "bigra
 @pytest.mark.parametrize("output", WITHIN_THE_RULE)
 def test_other_strategies_launch_at_most_one_and_a_half_fulls_plus_their_draw(output, full_step):
     """The default model (the rule is about its step: a smaller model shrinks the full softmax's count more)."""
-    step = count_train_step([f"output={output}", "execution=gpu"], 2000)
-    draw = count_draw([f"output={output}", "execution=gpu"], 2000).launches
+    step = count_train_step([f"output={output}", "step_forms=gpu"], 2000)
+    draw = count_draw([f"output={output}", "step_forms=gpu"], 2000).launches
     assert step.syncs <= 1 and step.launches <= 1.5 * full_step + draw, (step.launches, full_step, draw)
 
 
 def adaptation_launches(overrides: list[str], num_classes: int, positions: int = 700) -> int:
     """Operators of a sampler's adaptation alone: ``Proposal.observe`` of a step's scored draws and the after-step
     ``Sampler.update`` (zero for a sampler that does not adapt), on the default model's shapes."""
-    from lab.step_fixture import as_on_a_gpu, forms, synthetic_counts
+    from lab.step_fixture import synthetic_counts
 
     from lmtrain.config import compose_config
     from lmtrain.training.build import build_module
 
-    overrides, gpu_forms = forms(overrides, on_gpu=False)
-    cfg = compose_config(["data=synthetic", f"data.vocab_size={num_classes}", *overrides])
+    cfg = compose_config(["data=synthetic", f"data.vocab_size={num_classes}", "trainer.accelerator=cpu", *overrides])
     torch.manual_seed(0)
     counts = synthetic_counts(num_classes)
     module = build_module(cfg, num_classes, counts, torch.multinomial(counts.double(), 20_000, replacement=True))
-    if gpu_forms:
-        as_on_a_gpu(module)
     output, hidden = module.output, torch.randn(positions, cfg.model.hidden_dim)
     inputs, target = (torch.multinomial(counts.double(), positions, replacement=True) for _ in range(2))
     with torch.no_grad():
@@ -130,7 +127,7 @@ SAME_PATH = {
 
 @pytest.mark.parametrize("proposal", list(SAME_PATH))
 def test_the_added_proposals_cost_their_paths_beyond_their_own_work(proposal):
-    ours, path = ([*o, "execution=gpu"] for o in SAME_PATH[proposal])
+    ours, path = ([*o, "step_forms=gpu"] for o in SAME_PATH[proposal])
     step, reference = count_train_step(ours, 2000), count_train_step(path, 2000)
     own = count_draw(ours, 2000).launches + adaptation_launches(ours, 2000)
     beyond = reference.launches - count_draw(path, 2000).launches
@@ -155,8 +152,8 @@ def test_charcnn_launches_unigrams_step_plus_its_network_at_every_size():
 def test_a_draw_is_counted_alone():
     """uniform's draw is one operator (the ids; their log q is a view of one value); a strategy without a sampler has
     none."""
-    assert count_draw(["output=uniform", *SMALL, "execution=gpu"], 2000).launches == 1
-    assert count_draw(["output=hsm", *SMALL, "execution=gpu"], 2000).launches == 0
+    assert count_draw(["output=uniform", *SMALL, "step_forms=gpu"], 2000).launches == 1
+    assert count_draw(["output=hsm", *SMALL, "step_forms=gpu"], 2000).launches == 0
 
 
 @pytest.mark.parametrize("shared", [False, True])
@@ -181,8 +178,8 @@ def test_kernel_samplers_launch_the_same_count_whatever_the_tree(output, shared)
 @pytest.mark.parametrize("output", KERNEL)
 def test_kernel_samplers_take_at_most_three_unigrams_at_ten_thousand_types(output, options):
     """The default model at 10^4 types (docs/bench/launches_1e4.md), where every kernel variant meets the budget."""
-    unigram = count_train_step(["output=unigram", "execution=gpu"], 10_000).launches
-    step = count_train_step([output, *options, "execution=gpu"], 10_000)
+    unigram = count_train_step(["output=unigram", "step_forms=gpu"], 10_000).launches
+    step = count_train_step([output, *options, "step_forms=gpu"], 10_000)
     assert step.syncs <= 1 and step.launches <= 3 * unigram, (step.launches, unigram)
 
 
@@ -190,8 +187,8 @@ def test_kernel_samplers_take_at_most_three_unigrams_at_ten_thousand_types(outpu
 def test_shared_kernel_samplers_take_at_most_three_unigrams_at_ten_to_the_five_types(output):
     """The default model at 10^5 types (docs/bench/launches_scale.md), batch-shared: psi scores the whole tree (the
     count of 10^4 types), and the cosine softmax scores targets and negatives with one gather."""
-    unigram = count_train_step(["output=unigram", "execution=gpu"], 100_000).launches
-    step = count_train_step([output, "output.shared_negatives=true", "execution=gpu"], 100_000)
+    unigram = count_train_step(["output=unigram", "step_forms=gpu"], 100_000).launches
+    step = count_train_step([output, "output.shared_negatives=true", "step_forms=gpu"], 100_000)
     assert step.syncs <= 1 and step.launches <= 3 * unigram, (step.launches, unigram)
 
 

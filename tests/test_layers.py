@@ -1,5 +1,6 @@
-"""The import graph runs one way (docs/architecture.md): entries -> cli -> config -> training -> (model,
-output -> sampler), data apart, tools above config, study above tools, common below everything."""
+"""The import graph runs one way (docs/architecture.md): entries -> cli -> (config, run); run -> training ->
+run_folder -> (model, output -> sampler); process below run, tools and study; data apart, tools above config, study
+above tools, common below everything."""
 
 from __future__ import annotations
 
@@ -11,12 +12,15 @@ import lmtrain
 ROOT = Path(lmtrain.__file__).parent
 # the layers each layer may import (besides itself)
 ALLOWED = {
-    "entry": {"cli", "config", "training", "tools"},
-    "cli": {"config", "training", "data"},
-    "tools": {"cli", "config", "training", "output", "sampler", "model", "data"},
+    "entry": {"cli", "config", "run", "run_folder", "tools"},
+    "cli": {"config", "run", "training", "data"},
+    "tools": {"cli", "config", "training", "run_folder", "process", "output", "sampler", "model", "data"},
     "config": {"model", "output", "sampler", "data"},  # the schemas subclass the parts' options
-    "study": {"tools", "training", "config"},  # studies run `python -m lmtrain` processes and read their folders
-    "training": {"model", "output", "sampler", "data"},
+    "study": {"tools", "process", "config", "data"},  # studies run `python -m lmtrain` and score its runs' text
+    "run": {"training", "run_folder", "process", "model", "output", "sampler", "data"},  # train(cfg): the run
+    "training": {"run_folder", "model", "output", "sampler", "data"},  # the step and the module
+    "run_folder": {"model", "data"},  # every file a run writes and reads
+    "process": set(),  # threads, allocator, library logs, signals
     "output": {"sampler"},
     "sampler": set(),
     "model": set(),

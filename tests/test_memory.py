@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from lmtrain.training.memory import reuse_freed_memory
+from lmtrain.process.memory import reuse_freed_memory
 
 ON_GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 
@@ -23,7 +23,7 @@ CYCLES = """
 import resource, sys
 import numpy as np
 if sys.argv[1] == "apply":
-    from lmtrain.training.memory import reuse_freed_memory
+    from lmtrain.process.memory import reuse_freed_memory
     assert reuse_freed_memory()
 def cycle():  # a step's big buffers: eight of 24 MiB, written, then freed
     buffers = [np.empty(6 << 20, dtype=np.float32) for _ in range(8)]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from lmtrain.training.loggers.metrics_csv import drop_rows_from
-from lmtrain.training.run import train
+from lmtrain.run.run import train
+from lmtrain.run_folder.metrics_csv import drop_rows_from
 from tests.helpers import SimulatedCrash
 
 HEADER = "epoch,lr,step,train/loss,val/ppl"

@@ -65,7 +65,7 @@ def test_a_cpu_without_a_low_precision_lstm_runs_torchs_own_lstm(monkeypatch):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("output", OUTPUTS)
 def test_exact_log_probs_stay_float32_under_autocast(output, device):
-    layer = build(output).to(device)
+    layer = build(output, device=device).to(device)
     hidden, target, _ = inputs(device)
     with torch.no_grad():
         exact, every = layer.log_prob(hidden, target), layer.log_probs_all(hidden)
@@ -84,7 +84,7 @@ SAMPLED = [o for o in OUTPUTS if isinstance(build(o), SampledOutput)]
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("output", SAMPLED)
 def test_a_samplers_draws_and_log_q_stay_float32_under_autocast(output, device):
-    layer = build(output).to(device)
+    layer = build(output, device=device).to(device)
     hidden, target, previous = inputs(device, 1)
     sampler, context = layer.sampler, layer.query(hidden).detach()
     torch.manual_seed(3)
@@ -103,7 +103,7 @@ def test_a_samplers_draws_and_log_q_stay_float32_under_autocast(output, device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("output", [o for o in SAMPLED if isinstance(build(o).sampler, KernelSampler)])
 def test_the_kernel_trees_node_sums_stay_float32_under_autocast(output, device):
-    layer = build(output).to(device)
+    layer = build(output, device=device).to(device)
     sampler, weight = layer.sampler, layer.weight.detach().clone()
     sampler.update(weight)
     built = sampler.tree.nodes.clone()
@@ -124,7 +124,7 @@ def test_the_kernel_trees_node_sums_stay_float32_under_autocast(output, device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("output", OUTPUTS)
 def test_the_training_loss_runs_under_autocast_and_stays_near_float32(output, device):
-    layer = build(output).to(device)
+    layer = build(output, device=device).to(device)
     hidden, target, previous = inputs(device, 2)
     hidden.requires_grad_(True)
     torch.manual_seed(4)
@@ -164,7 +164,7 @@ def validate(module: L.LightningModule, datamodule: L.LightningDataModule, preci
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("output", OUTPUTS)
 def test_every_output_trains_with_bf16_mixed_and_validates_in_float32(output, device, tmp_path, one_thread):
-    from lmtrain.training.run import train
+    from lmtrain.run.run import train
 
     small = ["data.train_tokens=8000", "data.valid_tokens=1000", "model.emb_dim=16", "model.hidden_dim=16"]
     args = [*TINY, *small, f"output={output}", "trainer.precision=bf16-mixed", "trainer.max_steps=3"]

@@ -205,7 +205,7 @@ def test_a_step_launches_the_same_operators_for_any_number_of_components(chunk):
     a fixed set, with one host sync (the loss read), as on a GPU."""
     from lab.launches import count_train_step
 
-    small = ["model.emb_dim=16", "model.hidden_dim=16", "model.num_layers=1", "execution=gpu"]
+    small = ["model.emb_dim=16", "model.hidden_dim=16", "model.num_layers=1", "step_forms=gpu"]
     full = count_train_step([*small, "output=full", f"output.train_chunk={chunk}"], 2000)
     steps = [count_train_step([*small, "output=mos", "output.components=2", f"output.train_chunk={chunk}"], 2000)]
     steps += [count_train_step([*small, "output=mos", "output.components=15", f"output.train_chunk={chunk}"], 2000)]

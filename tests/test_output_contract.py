@@ -11,19 +11,21 @@ import pytest
 import torch
 
 from lmtrain.config import choices, compose_config
-from lmtrain.training.build import build_output
+from lmtrain.training.build import build_output, step_forms
 
 NUM_CLASSES, DIM, N = 60, 8, 12
 
 
-def build(output: str, seed: int = 0):
+def build(output: str, seed: int = 0, device: str = "cpu"):
+    """The layer of ``output=``, in the step forms of the ``device`` it will run on (a CPU's by default, on any
+    machine)."""
     cfg = compose_config(
         [f"output={output}", "output.num_samples=5"] if output_has_samples(output) else [f"output={output}"]
     )
     torch.manual_seed(seed)
     counts = torch.arange(NUM_CLASSES, 0, -1).float() * 10  # frequency-ordered, as the vocabularies are
     train_ids = torch.multinomial(counts / counts.sum(), 2_000, replacement=True)
-    return build_output(cfg, NUM_CLASSES, DIM, counts, train_ids)
+    return build_output(cfg, NUM_CLASSES, DIM, counts, train_ids, forms=step_forms(cfg, device))
 
 
 def output_has_samples(output: str) -> bool:

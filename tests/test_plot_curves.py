@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from lmtrain.run_folder.metrics_csv import AppendingExperimentWriter
 from lmtrain.tools.curve_data import Panel, group_by_seed
 from lmtrain.tools.plot import draw, main, plot_runs
 from lmtrain.tools.run_records import load_run, load_runs, read_metrics, run_labels
-from lmtrain.training.loggers.metrics_csv import AppendingExperimentWriter
 from tests.conftest import TINY, make_config
 
 TOKENS_PER_STEP = 16 * 20  # TINY's batch x bptt
@@ -24,7 +24,7 @@ TRAIN_PPL = "training perplexity (where the loss is the exact NLL)"
 def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """full with seeds 1 and 2 validated every 3 steps for 6 steps, unigram (no exact training ppl) for 4 steps
     with only its final validation: a short run, validated once at step 4."""
-    from lmtrain.training.run import train
+    from lmtrain.run.run import train
 
     root = tmp_path_factory.mktemp("sweep")
     jobs = [
@@ -95,7 +95,7 @@ def test_the_figure_draws_the_returned_points_one_color_per_group(sweep, tmp_pat
 def test_runs_differing_in_more_than_the_seed_stay_apart_and_are_labelled_by_it(sweep, tmp_path):
     other = tmp_path / "lr"
     train_cfg = [*TINY, "output=full", "seed=1", "trainer.max_steps=2", "optim.lr=0.5", f"run_dir={other}"]
-    from lmtrain.training.run import train
+    from lmtrain.run.run import train
 
     train(make_config([*train_cfg, "test_after_fit=false"]))
     (other / ".hydra").mkdir()

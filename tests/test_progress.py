@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
+from lmtrain.run.trainer import default_val_check_interval
 from lmtrain.tools.run_records import read_metrics
-from lmtrain.training.trainer import default_val_check_interval
 from tests.conftest import make_config
 
 PTB_WINDOWS = 1328  # training windows of a PTB epoch at batch 20 x bptt 35
@@ -46,7 +46,7 @@ def test_a_run_inside_one_epoch_validates_about_ten_times_unless_told_otherwise(
 def test_without_a_terminal_the_run_writes_a_few_plain_lines(tiny_config, tmp_path, monkeypatch):
     """300 steps: 20 progress lines of the run's 300 steps, no carriage-return redraws, a few KB; 10 validations
     (every 30 steps, the last at the end); the bar's total is max_steps, not the epoch's 375 windows."""
-    from lmtrain.training.run import train
+    from lmtrain.run.run import train
 
     monkeypatch.setattr(sys, "stdout", io.StringIO())  # a file: not a terminal
     bar = tmp_path / "bar.json"
@@ -85,7 +85,7 @@ def as_terminal(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixtur
 
 
 def test_in_a_terminal_the_bar_counts_max_steps_and_log_lines_go_above_it(tiny_config, monkeypatch, caplog):
-    from lmtrain.training.run import train
+    from lmtrain.run.run import train
 
     terminal = as_terminal(monkeypatch, caplog)
     train(tiny_config(*LONGER, "trainer.max_steps=300", "test_after_fit=false"))
@@ -100,7 +100,7 @@ def test_in_a_terminal_the_bar_counts_max_steps_and_log_lines_go_above_it(tiny_c
 
 
 def test_with_a_time_limit_the_bar_shows_the_time_left_to_it(tiny_config, monkeypatch, caplog):
-    from lmtrain.training.run import train
+    from lmtrain.run.run import train
 
     terminal = as_terminal(monkeypatch, caplog)
     train(tiny_config(*LONGER, "max_train_seconds=1", "test_after_fit=false", "trainer.max_epochs=3"))

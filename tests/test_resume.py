@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lmtrain.training.checkpoints import AtomicCheckpointIO, read_checkpoint
+from lmtrain.run_folder.checkpoints import AtomicCheckpointIO, read_checkpoint
 from tests.cli_runs import (
     TINY,
     WINDOWS_PER_EPOCH,
@@ -123,7 +123,7 @@ def resume_matches_straight(
 KILLED_WRITER = """
 import io, sys, time
 import torch
-from lmtrain.training.checkpoints import AtomicCheckpointIO
+from lmtrain.run_folder.checkpoints import AtomicCheckpointIO
 
 path = sys.argv[1]
 AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.ones(4)}, "lmtrain": {"version": 1}}, path)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lmtrain.cli.resume import resume_in_place
+from lmtrain.run_folder.ckpt_path import resume_in_place
 from tests.cli_runs import TINY, run_cli
 
 
@@ -54,7 +54,7 @@ def test_a_resumed_run_stays_in_its_folder_without_library_warnings(tmp_path):
 def test_one_wandb_sync_command_names_every_offline_segment_of_the_run(tmp_path):
     """A run resumed in its own folder and then in a new one: the line names its three segments, oldest first,
     and neither another run's segment nor a segment's files."""
-    from lmtrain.training.loggers.wandb_run import resumed_from, sync_line
+    from lmtrain.run.loggers.wandb_run import resumed_from, sync_line
 
     first, second = tmp_path / "first" / "wandb", tmp_path / "second" / "wandb"
     segments = [first / "offline-run-20260101_100000-abc", first / "offline-run-20260101_110000-abc"]

@@ -1,4 +1,4 @@
-"""The RNG states a checkpoint carries (``lmtrain.training.rng``): the CPU's, numpy's, python's and, once CUDA is in
+"""The RNG states a checkpoint carries (``lmtrain.run_folder.rng``): the CPU's, numpy's, python's and, once CUDA is in
 use, every CUDA device's, so that a resumed GPU run does not draw its dropout masks and negatives again. They load
 with ``torch.load(weights_only=True)``; a checkpoint without the CUDA states (older, or of a CPU run) still loads."""
 
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from lmtrain.training import rng
-from lmtrain.training.rng import get_rng_states, set_rng_states
+from lmtrain.run_folder import rng
+from lmtrain.run_folder.rng import get_rng_states, set_rng_states
 from tests.conftest import DEVICES
 
 
@@ -86,7 +86,7 @@ def test_no_cuda_states_where_cuda_is_not_in_use(monkeypatch):
 def test_a_resumed_gpu_run_with_dropout_ends_as_the_straight_run(tiny_config, tmp_path, monkeypatch):
     """Dropout masks come from the CUDA generator: a run crashed after step 40 (its last checkpoint at step 30) and
     resumed draws the masks the straight run drew, so it ends with its perplexity (deterministic kernels)."""
-    from lmtrain.training.run import train
+    from lmtrain.run.run import train
     from tests.helpers import SimulatedCrash
 
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")

@@ -11,11 +11,12 @@ import pytest
 import torch
 
 from lmtrain.cli.failures import RunFolder, run_guarded
+from lmtrain.run.run import train
+from lmtrain.run_folder.checkpoints import AtomicCheckpointIO, read_checkpoint
+from lmtrain.run_folder.ckpt_path import CheckpointError
 from lmtrain.tools.diagnose import main as diagnose_main
 from lmtrain.tools.generate import main as generate_main
 from lmtrain.tools.score import main as score_main
-from lmtrain.training.checkpoints import AtomicCheckpointIO, CheckpointError, read_checkpoint
-from lmtrain.training.run import train
 from tests.conftest import make_config
 from tests.test_seeded_metrics import OLD_RUNS, seeded_overrides
 

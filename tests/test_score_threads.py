@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+import lmtrain.process.threads as threads
 import lmtrain.tools.score as score_tool
-import lmtrain.training.threads as threads
 from lmtrain.tools.score import main as score_main
 from lmtrain.tools.score import score
 

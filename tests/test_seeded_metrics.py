@@ -45,7 +45,7 @@ def seeded_overrides(output: str, run_dir: Path) -> list[str]:
 
 
 def seeded_run(output: str, run_dir: Path) -> dict[str, float]:
-    from lmtrain.training.run import train
+    from lmtrain.run.run import train
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the same arithmetic on every machine load

@@ -18,10 +18,10 @@ from lmtrain.output import infrequent_normalization
 from lmtrain.output.chunked_softmax import chunked_softmax_nll
 from lmtrain.output.full import FullSoftmax
 from lmtrain.output.infrequent_normalization import normalized_count
+from lmtrain.run.run import train
 from lmtrain.tools.score import main as score_main
 from lmtrain.tools.score import score
 from lmtrain.tools.trained import load_trained
-from lmtrain.training.run import train
 from tests.conftest import TINY, make_config
 from tests.helpers import SimulatedCrash
 

@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
+from lmtrain.run.run import train
 from lmtrain.training.build import build_module
-from lmtrain.training.run import train
 
 
 def module_of(cfg):

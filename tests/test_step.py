@@ -9,10 +9,10 @@ import lightning
 import pytest
 import torch
 
+from lmtrain.process.prepare import prepare_process
+from lmtrain.run_folder.rng import seed_run, set_rng_states
 from lmtrain.training.build import build_model
-from lmtrain.training.rng import seed_run, set_rng_states
 from lmtrain.training.step import NonFiniteLossError, evaluate, train_step
-from lmtrain.training.trainer import prepare_process
 
 STEPS = 4
 
@@ -24,7 +24,7 @@ def logged_losses(run_dir):
 
 @pytest.mark.parametrize("output", ["full", "rff"])
 def test_train_step_takes_the_steps_of_a_training_run(tiny_config, tmp_path, output, one_thread, monkeypatch):
-    from lmtrain.training.run import train
+    from lmtrain.run.run import train
 
     seeds = []
     seed_everything = lightning.seed_everything
@@ -71,7 +71,7 @@ def test_a_non_finite_loss_is_read_after_backward_and_stops_before_the_weights_c
 def test_with_gradient_accumulation_every_window_is_read_and_recorded(tiny_config, tmp_path, one_thread):
     """Two windows per optimizer step: each window's loss is read and checked after its own backward pass
     (``on_after_backward`` runs for every window; a read in a per-step hook would drop every first window)."""
-    from lmtrain.training.run import train
+    from lmtrain.run.run import train
 
     train(tiny_config("trainer.max_steps=3", "trainer.accumulate_grad_batches=2", "test_after_fit=false"))
     with open(tmp_path / "run" / "metrics.csv", newline="") as f:

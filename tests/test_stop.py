@@ -12,7 +12,7 @@ import stat
 import pytest
 import torch
 
-from lmtrain.training.run import train
+from lmtrain.run.run import train
 
 COMMON = [  # 32 windows per epoch; no periodic checkpoint before the end, so the stop's last.ckpt is the only one
     "trainer.max_epochs=2",

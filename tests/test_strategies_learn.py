@@ -34,7 +34,7 @@ import torch
 from hydra.utils import instantiate
 
 from lmtrain.config import choices
-from lmtrain.training.run import train
+from lmtrain.run.run import train
 from tests.conftest import TINY, make_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -10,8 +10,8 @@ from hydra import compose, initialize_config_dir
 
 from lmtrain.cli.failures import SweepStopped, run_guarded
 from lmtrain.config import CONF_DIR
+from lmtrain.run.run import train
 from lmtrain.tools.run_records import read_metrics
-from lmtrain.training.run import train
 from tests.cli_runs import (
     TINY,
     run_cli,

@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from lmtrain.training import threads
+from lmtrain.process import threads
 
 
 @pytest.fixture

@@ -57,8 +57,8 @@ def test_a_sparse_tensor_counts_its_entries_not_its_dense_shape():
 
 
 def test_a_step_of_a_larger_vocabulary_moves_more_for_the_full_softmax_and_names_where():
-    small_counts, small = count_step_traffic(["output=full", "model.hidden_dim=16", "execution=gpu"], 300, (4, 5))
-    _, large = count_step_traffic(["output=full", "model.hidden_dim=16", "execution=gpu"], 3000, (4, 5))
+    small_counts, small = count_step_traffic(["output=full", "model.hidden_dim=16", "step_forms=gpu"], 300, (4, 5))
+    _, large = count_step_traffic(["output=full", "model.hidden_dim=16", "step_forms=gpu"], 3000, (4, 5))
     assert small_counts.syncs == 1
     assert large.bytes > small.bytes  # the (N, n) logits and the (n, d) class matrix grow with n
     assert any(site["where"].startswith("output/full.py") for site in large.top(10))

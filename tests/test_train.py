@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from lmtrain.cli.failures import run_guarded
-from lmtrain.training.checkpoints import CheckpointError
+from lmtrain.run.run import train
+from lmtrain.run_folder.ckpt_path import CheckpointError
 from lmtrain.training.module import NonFiniteLossError
-from lmtrain.training.run import train
 from tests.helpers import SimulatedCrash
 
 

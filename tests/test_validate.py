@@ -91,7 +91,7 @@ def test_top_level_options_are_the_keys_of_the_schema():
 
 
 def test_composing_checks_the_config_and_train_what_needs_the_data(tiny_config, tmp_path):
-    from lmtrain.training.run import train
+    from lmtrain.run.run import train
 
     with pytest.raises(ConfigError, match="optim.lr must be a number"):
         tiny_config("optim.lr=abc")

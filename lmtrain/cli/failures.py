@@ -111,7 +111,7 @@ def run_guarded(
         alone = not several_processes()  # else the other ranks may still write into the folder
         removed = folder is not None and folder.own and alone and discard_run_folder(run_dir, folder)
         if offline_wandb is not None and not removed:
-            from lmtrain.training.loggers.wandb_run import sync_line
+            from lmtrain.run.loggers.wandb_run import sync_line
 
             print(sync_line(offline_wandb), flush=True)
         if not known:
@@ -160,7 +160,7 @@ def discard_run_folder(run_dir: Path, folder: RunFolder) -> bool:
 def mark_wandb_failed() -> Path | None:
     """Finish this process's W&B run as failed; its folder when it was an offline run."""
     try:
-        from lmtrain.training.loggers.wandb_run import finish_wandb
+        from lmtrain.run.loggers.wandb_run import finish_wandb
 
         return finish_wandb(exit_code=1)
     except Exception:  # W&B bookkeeping must never hide the real error

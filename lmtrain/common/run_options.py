@@ -1,4 +1,4 @@
-"""The top level of the config: the run's own keys with their defaults (read by ``lmtrain.training.run``), and a
+"""The top level of the config: the run's own keys with their defaults (read by ``lmtrain.run.run``), and a
 slot per group; the schema ``schema/train`` that conf/train.yaml extends (``lmtrain/config/``)."""
 
 from __future__ import annotations
@@ -18,6 +18,15 @@ class LossReduction(Choice):
 
     mean = "mean"
     sum = "sum"
+
+
+class StepFormsChoice(Choice):
+    """``step_forms``: the forms of the training step's code (``lmtrain.common.runtime.StepForms``), a CPU's or a
+    GPU's (fixed shapes, no host sync); auto by where the run trains."""
+
+    auto = "auto"
+    cpu = "cpu"
+    gpu = "gpu"
 
 
 @dataclass
@@ -48,10 +57,11 @@ class RunConfig:
     # torch compute threads: auto = usable cores / jobs running at once (joblib n_jobs, LMTRAIN_CONCURRENT_JOBS,
     # DDP ranks); or a number
     threads: int | str = field(default="auto", metadata=AT_LEAST_1)
-    # glibc keeps freed blocks <= 32 MiB for reuse: no page faults per step (lmtrain/training/memory.py)
+    # glibc keeps freed blocks <= 32 MiB for reuse: no page faults per step (lmtrain/process/memory.py)
     reuse_freed_memory: bool = True
-    # deprecated, ignored with a one-line note: the device decides (a kernel tree's backend: sampler.backend)
-    execution: str | None = None
+    # the training step's forms: auto = a GPU's where the run trains on a CUDA GPU (trainer.accelerator), else a
+    # CPU's; cpu | gpu force them on any device (tests and benchmarks; lmtrain.common.runtime.StepForms)
+    step_forms: StepFormsChoice = StepFormsChoice.auto
     # evaluation additions: eval.cache, the neural cache (lmtrain/output/cache.py; typed by lmtrain/config/schema.py)
     eval: Any = None
     data: Any = None

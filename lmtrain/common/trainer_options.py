@@ -83,3 +83,10 @@ class TrainerOptions:
                 "and the kernel tree's sums cannot stay float32: use trainer.precision=bf16-mixed (float32 weights, "
                 "16-bit products; docs/workflow.md, mixed precision)"
             )
+
+
+def epoch_batches(windows: int, limit: int | float | None) -> int:
+    """Training batches in an epoch of ``windows`` windows under ``trainer.limit_train_batches`` = ``limit`` (an
+    integer: at most that many; a fraction: that part of the epoch; None: all), as Lightning counts them
+    (``num_training_batches``), also before Lightning knows them."""
+    return min(windows, limit) if isinstance(limit, int) else int(windows * (1.0 if limit is None else limit))

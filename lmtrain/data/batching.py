@@ -113,7 +113,7 @@ class StreamSampler(Sampler[int]):
 
 class StreamLoader(DataLoader):
     """The training loader. Lightning calls a loader with ``state_dict`` / ``load_state_dict`` resumable, and warns
-    on a mid-epoch resume of any other. The position itself is restored by ``lmtrain.training.resume``
+    on a mid-epoch resume of any other. The position itself is restored by ``lmtrain.run_folder.resume``
     (``StreamSampler.set_start`` from the training loop's own batch counter, because the loader runs a window
     ahead of training), so this state only records the layout and loading it changes nothing."""
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmtrain.common.precision import in_float32
+from lmtrain.common.runtime import CPU_FORMS, StepForms
 from lmtrain.output.base import OutputLayer
 from lmtrain.output.chunked_softmax import chunked_softmax_nll, fitting_chunk, logits_budget_mib
 from lmtrain.output.options import AdaptiveOptions
@@ -77,15 +78,14 @@ class AdaptiveSoftmax(OutputLayer):
     from the vocabulary size (``derive_cutoffs``, with no more clusters than ``dim`` allows). All
     parameters are dense (no sparse row gradients).
 
-    On a GPU (``fixed_shapes``) the training loss takes ``fixed_shape_nll``: torch's module finds each
-    cluster's positions with ``nonzero`` (a host sync per cluster); there every tail cluster is scored for all N
-    positions instead, each a cross entropy whose targets (one table lookup a step, ``target_columns``) ignore the
-    positions outside the cluster. That costs
-    N x (cluster size) logits per tail cluster where the CPU path scores only the cluster's own positions: dense
-    while they fit in the budget (float32: ``logits_mib`` MiB, or ``gpu_logits_fraction`` of a GPU's memory, as
-    ``FullSoftmax``), else in vocabulary chunks of that size (``chunked_softmax_nll``), so memory stays bounded at
-    any n. Same parameters, same values to float rounding; ``log_prob`` and ``log_probs_all`` (exact evaluation)
-    are torch's on both paths.
+    In a GPU's forms (``forms.fixed_shapes``, the run's ``StepForms``) the training loss takes ``fixed_shape_nll``:
+    torch's module finds each cluster's positions with ``nonzero`` (a host sync per cluster); there every tail
+    cluster is scored for all N positions instead, each a cross entropy whose targets (one table lookup a step,
+    ``target_columns``) ignore the positions outside the cluster. That costs N x (cluster size) logits per tail
+    cluster where the CPU path scores only the cluster's own positions: dense while they fit in the budget
+    (float32: ``logits_mib`` MiB, or ``gpu_logits_fraction`` of a GPU's memory, as ``FullSoftmax``), else in
+    vocabulary chunks of that size (``chunked_softmax_nll``), so memory stays bounded at any n. Same parameters,
+    same values to float rounding; ``log_prob`` and ``log_probs_all`` (exact evaluation) are torch's on both paths.
     """
 
     name, Options = "adaptive", AdaptiveOptions  # output=adaptive
@@ -94,12 +94,11 @@ class AdaptiveSoftmax(OutputLayer):
         "only its head holds d-sized class vectors; the tail clusters score through projections to smaller sizes, "
         "which an input embedding would have to share per cluster (adaptive input), not implemented"
     )
-    # the training loss's form: None by the device (fixed shapes on a GPU, torch's module elsewhere); True or False
-    # forces one (the launch counter and the tests)
-    fixed_shapes: bool | None = None
+    runtime_args: ClassVar[tuple[str, ...]] = ("num_classes", "dim", "forms")
 
-    def __init__(self, num_classes: int, dim: int, **options: Any) -> None:
+    def __init__(self, num_classes: int, dim: int, forms: StepForms = CPU_FORMS, **options: Any) -> None:
         super().__init__()
+        self.forms = forms  # the training loss's form: fixed shapes (a GPU's), else torch's module (a CPU's)
         self.options = opts = AdaptiveOptions(**options)  # the keys left out take their defaults
         cutoffs, div_value = opts.cutoffs, opts.div_value
         if cutoffs is None:
@@ -133,7 +132,7 @@ class AdaptiveSoftmax(OutputLayer):
     def loss(self, hidden: Tensor, target: Tensor, inputs: Tensor | None = None) -> Tensor:
         """The exact NLL, in float32 under autocast: torch's adaptive softmax writes its bfloat16 cluster
         log-probabilities into a tensor of the input's dtype and fails (or, given bfloat16, sums in bfloat16)."""
-        if hidden.is_cuda if self.fixed_shapes is None else self.fixed_shapes:
+        if self.forms.fixed_shapes:
             return self.fixed_shape_nll(hidden, target)
         return self.asm(hidden, target).loss
 

@@ -157,22 +157,27 @@ def read_stream(
     """Score ``stream`` (L,) in segments with the state carried (``score``, e.g. ``window_log_prob``) and read each
     segment through a cache: log p_model of stream[1:] (L - 1,), the cache's log mass per θ (K, L - 1) and the
     positions each saw (L - 1,); no θ: no cache. ``progress`` gets the positions done."""
-    cache, state, parts = None, None, []
-    for start in range(0, stream.numel() - 1, segment):
+    # The results go into tensors allocated once: small tensors kept per segment would sit between the big buffers
+    # each step frees (dynamic evaluation's dense gradients), so glibc could not reuse those and the heap would grow.
+    total = stream.numel() - 1
+    log_p_all = torch.empty(total, dtype=torch.float64)  # (L - 1,)
+    log_mass_all = torch.empty(len(thetas), total, dtype=torch.float64)  # (K, L - 1)
+    held_all = torch.zeros(total, dtype=torch.long)  # (L - 1,)
+    cache, state = None, None
+    for start in range(0, total, segment):
         targets = stream[start + 1 : start + segment + 1].to(device)
         inputs = stream[start : start + targets.numel()].to(device)
         log_p, hidden, state = score((inputs[None], targets[None]), state)
+        end = start + targets.numel()
+        log_p_all[start:end] = log_p.detach()
         if cache is None and thetas:
             cache = NeuralCache(window, hidden.shape[-1], hidden.device, hidden.dtype)
         if cache is not None:
             log_mass, held = cache.read(hidden, targets, thetas)  # (K, T), (T,)
-        else:
-            log_mass, held = log_p.new_zeros(0, targets.numel(), dtype=torch.float64), torch.zeros_like(targets)
-        parts.append((log_p.detach().double().cpu(), log_mass.cpu(), held.cpu()))
+            log_mass_all[:, start:end], held_all[start:end] = log_mass, held
         if progress is not None:
-            progress(start + targets.numel())
-    log_p, log_mass, held = (torch.cat(group, dim=-1) for group in zip(*parts, strict=True))
-    return log_p, log_mass, held
+            progress(end)
+    return log_p_all, log_mass_all, held_all
 
 
 def cached_test(score: Scorer, valid: Tensor, test: Tensor, options: CacheOptions, device: torch.device) -> Setting:

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from lmtrain.common.ranges import AT_LEAST_1, Checked
-from lmtrain.sampler.base import Sampler
-from lmtrain.sampler.bigram import BigramSampler
+from lmtrain.sampler.bigram import BigramSampler, PreviousWordSampler
 from lmtrain.sampler.proposal import Draws, Proposal
 
 # the BigramSampler whose tables this sampler reads is built with this unigram weight, so that its bigram term
@@ -33,7 +32,7 @@ class AdaptiveNgramOptions(Checked):
     smoothing: float = field(default=1.0, metadata={"above": 0})  # added to every unigram count
 
 
-class AdaptiveNgramSampler(Sampler):
+class AdaptiveNgramSampler(PreviousWordSampler):
     """A per-position proposal mixing the smoothed training unigram u and the bigram c(p, j) / c(p) of the previous
     word p (c(p) = 0: the unigram again), the bigram's weight pi = sigmoid(``logits[bin(p)]``) per frequency bin.
 
@@ -51,16 +50,10 @@ class AdaptiveNgramSampler(Sampler):
     """
 
     name, Options = "adaptive_ngram", AdaptiveNgramOptions  # sampler=adaptive_ngram
-    runtime_args: ClassVar[tuple[str, ...]] = ("num_classes", "train_ids")
-
-    shared = False
-    per_position_only: ClassVar[bool] = True
 
     def __init__(self, num_classes: int, train_ids: Tensor | None = None, **options: Any) -> None:
-        super().__init__()
+        super().__init__(train_ids)
         self.options = opts = AdaptiveNgramOptions(**options)  # the keys left out take their defaults
-        if train_ids is None:
-            raise ValueError("sampler=adaptive_ngram needs the training token ids (train_ids) to count bigrams")
         self.bigram = BigramSampler(num_classes, train_ids, unigram_weight=_HALF, smoothing=opts.smoothing)
         self.num_classes = num_classes
         count = self.bigram.count  # (n,) c(p): how often each word precedes another in training
@@ -76,30 +69,13 @@ class AdaptiveNgramSampler(Sampler):
     def propose(
         self, query: Tensor | None, inputs: Tensor | None = None, targets: Tensor | None = None
     ) -> AdaptiveNgramProposal:
-        if inputs is None:
-            raise ValueError(
-                "sampler=adaptive_ngram conditions on each position's previous word: pass `inputs` (N,) "
-                "(OutputLayer.loss(hidden, target, inputs=...))"
-            )
-        if query is not None and query.shape[0] != inputs.numel():
-            raise ValueError(f"inputs has {inputs.numel()} tokens but the query has {query.shape[0]} positions")
-        prev = inputs.reshape(-1).to(self.bins.device, torch.long)  # (N,)
-        return AdaptiveNgramProposal(self, prev, targets)
+        return AdaptiveNgramProposal(self, self.previous(query, inputs, self.bins.device), targets)
 
     def components(self, prev: Tensor, ids: Tensor) -> tuple[Tensor, Tensor]:
         """u(j) and c(p, j) / c(p) (c(p) = 0: u(j)), float64 (N, k) each, of ids (N, k) or (k,) after ``prev``."""
         unigram = self.bigram.unigram_q[ids].expand(prev.numel(), -1)  # (N, k)
         pair = self.bigram.pair_lookup(prev, ids, self.bigram.pair_q).mul_(1 / _HALF)  # (N, k) c(p, j) / c(p)
         return unigram, torch.where((self.bigram.count[prev] > 0).unsqueeze(1), pair, unigram)  # (N, k)
-
-    def draw(self, prev: Tensor, weight: Tensor, num_samples: int) -> Tensor:
-        """ids (N, m) from the mixture with the bigram's weight ``weight`` (N, 1) after ``prev`` (N,)."""
-        shape = (prev.numel(), num_samples)
-        from_bigram, count = self.bigram.successor_draws(prev, num_samples)  # (N, m), (N, 1)
-        from_unigram = self.bigram.unigram.draw_ids(prev.numel() * num_samples).view(shape)  # (N, m)
-        coin = torch.rand(shape, device=weight.device, dtype=torch.float64)  # (N, m)
-        use_bigram = (coin < weight) & (count > 0)  # (N, m); c(p) = 0: the bigram part is the unigram
-        return torch.where(use_bigram, from_bigram, from_unigram)  # (N, m)
 
     def update(self, weight: Tensor, rows: Tensor | None = None) -> None:
         """After an optimizer step: one SGD step of the mixture logits on what the step's draws gathered."""
@@ -140,7 +116,7 @@ class AdaptiveNgramProposal(Proposal):
         return bigram, q, q.log().to(self.sampler.logits.dtype)
 
     def draw(self, num_samples: int) -> Draws:
-        ids = self.sampler.draw(self.prev, self.weight, num_samples)  # (N, m)
+        ids = self.sampler.bigram.draw(self.prev, num_samples, self.weight)  # (N, m); c(p) = 0: the unigram
         if self.targets is None:
             self.drawn = (ids, *self.mixture(ids))
             return Draws(ids, self.drawn[3], None)

@@ -15,7 +15,34 @@ from lmtrain.sampler.unigram import UnigramSampler
 _OFFSET_BITS = 62  # successor offsets are uniform 62-bit integers modulo the row count: bias < count / 2^62
 
 
-class BigramSampler(Sampler):
+class PreviousWordSampler(Sampler):
+    """A per-position proposal q(j | p) conditioned on each position's previous word p (its input token), built from
+    the training stream ``train_ids`` (``sampler=bigram``, ``sampler=adaptive_ngram``)."""
+
+    runtime_args: ClassVar[tuple[str, ...]] = ("num_classes", "train_ids")
+
+    shared = False
+    per_position_only: ClassVar[bool] = True
+
+    def __init__(self, train_ids: Tensor | None) -> None:
+        super().__init__()
+        if train_ids is None:
+            raise ValueError(f"sampler={self.name} needs the training token ids (train_ids) to count bigrams")
+
+    def previous(self, query: Tensor | None, inputs: Tensor | None, device: torch.device) -> Tensor:
+        """The input token of each position (N,), long on ``device``; one line naming the sampler when the caller did
+        not pass them, or did not pass one per query."""
+        if inputs is None:
+            raise ValueError(
+                f"sampler={self.name} conditions on each position's previous word: pass `inputs` (N,) "
+                "(OutputLayer.loss(hidden, target, inputs=...))"
+            )
+        if query is not None and query.shape[0] != inputs.numel():
+            raise ValueError(f"inputs has {inputs.numel()} tokens but the query has {query.shape[0]} positions")
+        return inputs.reshape(-1).to(device, torch.long)  # (N,)
+
+
+class BigramSampler(PreviousWordSampler):
     """q(j | p) = (1 - w) c(p, j) / c(p) + w u(j), where p is the position's input token (the previous word).
 
     c(p, j) counts the bigram "p j" in the training stream ``train_ids``, c(p) = sum_j c(p, j), and u is the
@@ -32,17 +59,11 @@ class BigramSampler(Sampler):
     """
 
     name, Options = "bigram", BigramOptions  # sampler=bigram
-    runtime_args: ClassVar[tuple[str, ...]] = ("num_classes", "train_ids")
-
-    shared = False
-    per_position_only: ClassVar[bool] = True
 
     def __init__(self, num_classes: int, train_ids: Tensor | None = None, **options: Any) -> None:
-        super().__init__()
+        super().__init__(train_ids)
         self.options = opts = BigramOptions(**options)  # the keys left out take their defaults
         unigram_weight, smoothing = opts.unigram_weight, opts.smoothing
-        if train_ids is None:
-            raise ValueError("sampler=bigram needs the training token ids (train_ids) to count bigrams")
         if not 2 <= num_classes < 2**31:
             raise ValueError(f"BigramSampler needs 2 <= num_classes < 2^31, got {num_classes}")
         ids = train_ids.detach().reshape(-1).cpu().long()  # (T,)
@@ -63,29 +84,22 @@ class BigramSampler(Sampler):
         self.register_buffer("share", share, persistent=False)  # (n,) float64
         self.register_buffer("unigram_q", self.unigram.log_probs.double().exp(), persistent=False)  # (n,) u(j)
 
-    def _previous(self, query: Tensor | None, inputs: Tensor | None) -> Tensor:
-        if inputs is None:
-            raise ValueError(
-                "BigramSampler conditions on each position's input token: pass `inputs` (N,) "
-                "(OutputLayer.loss(hidden, target, inputs=...))"
-            )
-        if query is not None and query.shape[0] != inputs.numel():
-            raise ValueError(f"inputs has {inputs.numel()} tokens but the query has {query.shape[0]} positions")
-        return inputs.reshape(-1).to(self.count.device, torch.long)  # (N,)
-
     def propose(
         self, query: Tensor | None, inputs: Tensor | None = None, targets: Tensor | None = None
     ) -> BigramProposal:
-        return BigramProposal(self, self._previous(query, inputs), targets)
+        return BigramProposal(self, self.previous(query, inputs, self.count.device), targets)
 
-    def draw(self, prev: Tensor, num_samples: int) -> Tensor:
-        """``num_samples`` ids (N, m) from q(. | p) for each previous token ``prev`` (N,)."""
+    def draw(self, prev: Tensor, num_samples: int, bigram_weight: Tensor | None = None) -> Tensor:
+        """``num_samples`` ids (N, m) from q(. | p) for each previous token ``prev`` (N,): a coin per draw picks a
+        random training successor of p, else a unigram draw (always where p has no successor). The bigram's share is
+        1 - ``unigram_weight`` (the upper end of the coin's range), or ``bigram_weight`` (N, 1) per position, given
+        by ``sampler=adaptive_ngram`` (the lower end)."""
         shape = (prev.numel(), num_samples)
         from_bigram, count = self.successor_draws(prev, num_samples)  # (N, m), (N, 1)
         from_unigram = self.unigram.draw_ids(prev.numel() * num_samples)  # (N * m,)
         coin = torch.rand(shape, device=self.count.device, dtype=torch.float64)  # (N, m)
-        use_bigram = (coin >= self.unigram_weight) & (count > 0)  # (N, m)
-        return torch.where(use_bigram, from_bigram, from_unigram.view(shape))  # (N, m)
+        heads = coin >= self.unigram_weight if bigram_weight is None else coin < bigram_weight  # (N, m)
+        return torch.where(heads & (count > 0), from_bigram, from_unigram.view(shape))  # (N, m)
 
     def successor_draws(self, prev: Tensor, num_samples: int) -> tuple[Tensor, Tensor]:
         """``num_samples`` ids (N, m) from the bigram part alone, c(. | p) / c(p), for each previous token ``prev``

@@ -18,7 +18,8 @@ class Distribution(Choice):
 
 
 class Backend(Choice):
-    """``KernelOptions.backend``: the kernel tree's algorithm; auto: the fixed one on a GPU, else the walk."""
+    """``KernelOptions.backend``: the kernel tree's algorithm; auto: the fixed one in a GPU's step forms, else the
+    walk."""
 
     auto = "auto"
     walk = "walk"
@@ -78,8 +79,8 @@ class KernelOptions(Checked):
     feature_cache: str | bool | None = field(
         default="auto", metadata={"choices": ("auto", "full", "bfloat16", "off", True, False, None)}
     )
-    # auto: the fixed-shape backend on a GPU, the walk on a CPU (chosen when the tree is built on a device); walk |
-    # fixed force one, for tests and benchmarks
+    # auto: the fixed-shape backend in a GPU's step forms (step_forms; a run on a CUDA GPU), else the walk (chosen
+    # once, when the tree is built); walk | fixed force one, for tests and benchmarks
     backend: Backend = Backend.auto
     # the fixed backend: the levels one product scores for every node at each step, so a tree of up to
     # 2^scored_levels buckets is scored whole and a deeper one draws its last levels in gathered stages; more trades

@@ -1,5 +1,6 @@
 """Studies as code: a declared grid of runs over seeds, its raw records, and the table and plot rendered from them.
 
-``python -m lmtrain.study NAME`` runs what is missing, ``--render`` rewrites the table and plot from the records,
-``list`` shows every study and ``--check`` tells whether the committed tables match their records.
+``python -m lmtrain.study NAME`` runs what is missing, ``--render`` rewrites the table and plot from the records and
+``list`` shows every study; ``python scripts/render_docs.py --check`` tells whether the committed tables match their
+records.
 """

@@ -1,4 +1,4 @@
-"""`python -m lmtrain.study`: run, render, list and check the declared studies.
+"""`python -m lmtrain.study`: run, render and list the declared studies.
 
     python -m lmtrain.study NAME [--jobs 2] [--limit N] [--cells GLOB]   run NAME's runs that have no record yet,
                                                           then render
@@ -6,14 +6,16 @@
     python -m lmtrain.study NAME --dry-run                print the commands of the pending runs
     python -m lmtrain.study list [--cells]                every study: cells, seeds per cell, runs recorded
                                                           (--cells: every declared cell with its seeds)
-    python -m lmtrain.study --bench docs/bench/X.json     render a bench_train or bench_gpu record as docs/bench/X.md
-    python -m lmtrain.study --docs                        refresh the tables quoted in docs/results.md
-    python -m lmtrain.study --check                       exit 1 if a committed table differs from its rendering
+
+A scoring study (a ``scores`` block in place of the grid, ``lmtrain.study.scores``) runs, renders and dry-runs the
+same way: python -m lmtrain.score over another study's trained runs, one record per (run, mode); ``--runs`` (or
+``--runs-root``) is where those runs' folders are.
 
 NAME is a study of the package (conf/study/NAME.yaml) or the path of a user's own study YAML file.
 Records go to ROOT/NAME/records.jsonl (``--root``, default docs/study), run folders to runs/study/NAME. A run
 that another study's record already measured (same resolved config, paths aside, same device kind) takes a copy of
-that record instead of training (``--no-reuse``: train it anyway).
+that record instead of training (``--no-reuse``: train it anyway). The project's own docs (the benchmark tables,
+docs/results.md) are rendered, and checked against the records, by ``python scripts/render_docs.py``.
 """
 
 from __future__ import annotations
@@ -22,16 +24,17 @@ import argparse
 import sys
 from pathlib import Path
 
-from lmtrain.study.bench import render_bench, write_bench
-from lmtrain.study.docs import fill_page, stale_page
 from lmtrain.study.records import read_records
-from lmtrain.study.render import check, render
+from lmtrain.study.render import render
 from lmtrain.study.reuse import reusable
 from lmtrain.study.runner import command, pending_runs, records_path, run_overrides, run_study, training_folder
+from lmtrain.study.scores import dry_run, listing, run_scores
+from lmtrain.study.scores_render import render_scores
+from lmtrain.study.scores_spec import ScoreSpec, find_scores, load_scores, package_scores
 from lmtrain.study.spec import StudyError, find_spec, load_spec, package_studies
 
 
-def _list(root: Path, cells: bool = False) -> int:
+def _list(root: Path, cells: bool = False, runs_root: Path = Path("runs/study")) -> int:
     for name, path in sorted(package_studies().items()):
         spec = load_spec(path)
         keys = {record["key"] for record in read_records(records_path(spec, root))}
@@ -45,31 +48,27 @@ def _list(root: Path, cells: bool = False) -> int:
             own = spec.seeds_of(cell)
             done = [s for s in own if f"{cell.label},seed={s}" in keys]
             print(f"{'':<4}{cell.label:<60} seeds {','.join(map(str, own)):<8} recorded {len(done)}/{len(own)}")
+    for path in sorted(package_scores().values()):
+        print(listing(load_scores(path), root, runs_root))
     return 0
 
 
-def _check(root: Path, pages: list[Path]) -> int:
-    problems = [p for p in (check(load_spec(path), root) for path in package_studies().values()) if p]
-    problems += [p for p in (stale_page(page, root) for page in pages) if p]
-    for table in sorted((root.parent / "bench").glob("*.md")):  # rendered benchmark tables
-        record = table.with_suffix(".json")
-        if record.is_file() and table.read_text() != render_bench(record):
-            problems.append(f"{table} differs from its record: run python -m lmtrain.study --bench {record}")
-    for problem in problems:
-        print(problem, file=sys.stderr)
-    if not problems:
-        print(f"every rendered table under {root} matches its records")
-    return 1 if problems else 0
+def _scores(spec: ScoreSpec, args: argparse.Namespace) -> int:
+    """A scoring study: dry-run, run what is not recorded, render."""
+    if args.dry_run:
+        print("\n".join(dry_run(spec, args.root, args.runs, args.cells, args.limit)))
+        return 0
+    if not args.render:
+        run_scores(spec, args.root, args.runs, args.jobs, args.limit, args.cells)
+    for path in render_scores(spec, args.root):
+        print(f"wrote {path}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lmtrain.study", description=__doc__.splitlines()[0])
     parser.add_argument("name", nargs="?", help="a study name, `list`, or the path of a study YAML file")
     parser.add_argument("--render", action="store_true", help="only write table.md and plot.png from the records")
-    parser.add_argument("--check", action="store_true", help="check every committed table against its records")
-    parser.add_argument("--bench", type=Path, nargs="*", help="render these bench_train or bench_gpu records (NAME.md)")
-    parser.add_argument("--docs", action="store_true", help="refresh the study tables quoted in the --pages")
-    parser.add_argument("--pages", type=Path, nargs="*", default=[Path("docs/results.md")], help="pages quoting tables")
     parser.add_argument("--dry-run", action="store_true", help="print the pending runs' commands, run nothing")
     parser.add_argument("--jobs", type=int, default=1, help="runs trained at once (threads=auto shares the cores)")
     parser.add_argument("--limit", type=int, default=None, help="run at most this many pending runs")
@@ -82,21 +81,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-reuse", action="store_true", help="train runs that another study's record measured")
     parser.add_argument("--root", type=Path, default=Path("docs/study"), help="where records and tables go")
-    parser.add_argument("--runs", type=Path, default=Path("runs/study"), help="where the run folders go")
+    parser.add_argument("--runs", "--runs-root", type=Path, default=Path("runs/study"), help="where run folders go")
     args = parser.parse_args(argv)
-    if args.bench:
-        for path in args.bench:
-            print(f"wrote {write_bench(path)}")
-        return 0
-    if args.check:
-        return _check(args.root, args.pages)
-    if args.docs:
-        for page in args.pages:
-            print(f"{'updated' if fill_page(page, args.root) else 'unchanged'}: {page}")
-        return 0
     if args.name in (None, "list"):
-        return _list(args.root, cells=args.cells is not None)
+        return _list(args.root, cells=args.cells is not None, runs_root=args.runs)
     try:
+        scoring = find_scores(args.name)
+        if scoring is not None:
+            return _scores(scoring, args)
         spec = find_spec(args.name)
     except StudyError as err:
         print(f"lmtrain.study: {err}", file=sys.stderr)

@@ -106,3 +106,9 @@ def build_record(
         "config": config,
         **code,
     }
+
+
+def speed_tables(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The per-corpus tables of a speed record (``scripts/bench_train.py``, ``scripts/bench_scoring.py``): its
+    ``corpora``, or a record of one corpus, written flat, under the name of its ``data``."""
+    return record.get("corpora") or {record.get("data") or "default data": record}

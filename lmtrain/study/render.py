@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,16 @@ from lmtrain.study.stats import CellStats, metric_value, relative, verdict
 from lmtrain.tools.time_budget import TITLE, recorded_runs, summary_table, write_summary
 
 METRIC_NAMES = {"test/ppl": "test ppl", "val/ppl": "best val ppl"}
+
+
+def table_row(cells: Iterable[str]) -> str:
+    """One row of a markdown table."""
+    return "| " + " | ".join(cells) + " |"
+
+
+def table_head(header: list[str]) -> list[str]:
+    """A markdown table's header row and the rule under it."""
+    return [table_row(header), "|" + "---|" * len(header)]
 
 
 def cell_stats(spec: StudySpec, records: list[dict[str, Any]], metric: str) -> dict[str, CellStats]:
@@ -92,8 +103,7 @@ def render_table(spec: StudySpec, records: list[dict[str, Any]]) -> str:
         + (" (other seeds where a cell says so)." if spec.cell_seeds else "."),
         f"Recorded: {_runs_line(records)}." if records else "Recorded: no runs yet.",
         "",
-        "| " + " | ".join(header) + " |",
-        "|" + "|".join("---" for _ in header) + "|",
+        *table_head(header),
     ]
     for cell in spec.cells:
         s = stats[cell.label]
@@ -102,7 +112,7 @@ def render_table(spec: StudySpec, records: list[dict[str, Any]]) -> str:
         row += [seeds, _fmt(s), _fmt(second[cell.label])]
         itself = "best" if against.startswith("vs best") else "reference"
         row += [_compare(s, _reference_for(spec, cell, stats), itself)] if against else []
-        lines.append("| " + " | ".join(row) + " |")
+        lines.append(table_row(row))
     lines += ["", "'beats' / 'behind': the means differ by more than twice the pooled sd of the seeds; else 'tied'."]
     lines += ["Throughput is in the records (tokens_per_sec) but not compared here: runs shared machines and devices."]
     lines += [f"{note}" for note in spec.notes]

@@ -19,6 +19,9 @@ from lmtrain.study.records import device_name, read_records
 from lmtrain.study.spec import Run, StudySpec
 
 PATH_KEYS = ("run_dir", "ckpt_path", "data.root", "data.cache_dir")  # where things are, not what is trained
+# keys today's config dropped, with the values under which a record trained as today's code trains (``execution``
+# was accepted and ignored once ``step_forms`` took its place)
+DROPPED = {"execution": (None,)}
 MISSING = object()
 
 
@@ -47,7 +50,9 @@ def _leaves(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def same_run(wanted: dict[str, Any], have: dict[str, Any], defaults: dict[str, Any]) -> bool:
     """Whether a record's config leaves ``have`` train what the leaves ``wanted`` train: equal leaves, paths aside; a
-    leaf the record lacks must hold its default (``defaults``: the leaves the run's config groups alone give)."""
+    leaf the record lacks must hold its default (``defaults``: the leaves the run's config groups alone give); a
+    dropped key (``DROPPED``) holding a value that trained as today's code does is left out."""
+    have = {key: value for key, value in have.items() if value not in DROPPED.get(key, (MISSING,))}
     for key, value in wanted.items():
         if have.get(key, MISSING) is MISSING:
             if defaults.get(key, MISSING) != value:

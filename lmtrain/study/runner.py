@@ -19,10 +19,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from lmtrain.process.threads import JOBS_ENV, resolve_threads
 from lmtrain.study.records import append_record, build_record, code_version, read_records
 from lmtrain.study.reuse import reusable, reused_record
 from lmtrain.study.spec import Run, StudySpec
-from lmtrain.training.threads import JOBS_ENV, resolve_threads
 
 
 def records_path(spec: StudySpec, root: Path) -> Path:

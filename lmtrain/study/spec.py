@@ -200,8 +200,10 @@ def load_spec(path: Path) -> StudySpec:
 
 
 def package_studies() -> dict[str, Path]:
-    """The studies that ship with lmtrain (``conf/study/NAME.yaml``), by name."""
-    return {path.stem: path for path in (CONF_DIR / "study").glob("*.yaml")}
+    """The training studies that ship with lmtrain (``conf/study/NAME.yaml``), by name; the scoring studies there
+    (a ``scores`` block in place of the grid) are ``lmtrain.study.scores.package_scores``."""
+    paths = (CONF_DIR / "study").glob("*.yaml")
+    return {path.stem: path for path in paths if "scores" not in (yaml.safe_load(path.read_text()) or {})}
 
 
 def find_spec(name_or_path: str) -> StudySpec:

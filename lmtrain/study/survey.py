@@ -22,7 +22,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from lmtrain.study.render import cell_stats
+from lmtrain.study.records import speed_tables
+from lmtrain.study.render import cell_stats, table_head, table_row
 from lmtrain.study.spec import Cell, StudySpec
 from lmtrain.study.stats import CellStats, verdict
 
@@ -35,9 +36,7 @@ def _bench(path: str | None, root: Path) -> dict[str, Any] | None:
     """A speed record's table for its one corpus (``corpora``' only entry, or the record itself), None if absent."""
     if path is None or not (root / path).is_file():
         return None
-    record = json.loads((root / path).read_text())
-    corpora = record.get("corpora")
-    return next(iter(corpora.values())) if corpora else record
+    return next(iter(speed_tables(json.loads((root / path).read_text())).values()))
 
 
 def _ratio(table: dict[str, Any] | None, label: str, key: str = "ratio_to_full") -> str:
@@ -100,8 +99,7 @@ def render_survey(spec: StudySpec, records: list[dict[str, Any]], root: Path = P
         " the same hidden states (its cheapest honest form); parameters are the output layer's. The survey's own"
         " rating follows each measured cell in brackets; – is not measured yet.",
         "",
-        "| " + " | ".join(header) + " |",
-        "|" + "|".join("---" for _ in header) + "|",
+        *table_head(header),
     ]
     params = next((t for t in test.values() if t is not None), None)
     for row in survey.get("rows", []):
@@ -123,7 +121,7 @@ def render_survey(spec: StudySpec, records: list[dict[str, Any]], root: Path = P
             _rated(_ratio(params, label, "parameters_to_full"), rating[4]),
             "; ".join(held) or ("not rated" if not row.get("rating") else "no verdict yet"),
         ]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(table_row(cells))
     lines += ["", "Quality verdicts by the project's rule: 'beats' / 'behind' when the means differ by more than twice"]
     lines += [
         "the pooled sd of 3 seeds, else 'tied'. Commands of the speed records: " + (", ".join(commands) or "none")

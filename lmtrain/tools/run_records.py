@@ -80,7 +80,7 @@ def training_throughput(run_dir: str | Path, warmup: int) -> float:
 
 
 def load_run(run_dir: str | Path) -> RunRecord:
-    """Load a run folder written by `lmtrain.training.run.train` (needs metrics.csv; run.json gives the label)."""
+    """Load a run folder written by `lmtrain.run.run.train` (needs metrics.csv; run.json gives the label)."""
     path = Path(run_dir)
     metrics = path / "metrics.csv"
     if not metrics.is_file():

@@ -31,12 +31,12 @@ from torch import Tensor
 from lmtrain.cli.failures import fail
 from lmtrain.data.errors import DataError
 from lmtrain.data.vocab import Vocabulary
+from lmtrain.process.threads import apply_threads
 from lmtrain.tools.score_extras import FLAGS, PREFIXES, describe, extra_log_probs, extras_from, write_json
 from lmtrain.tools.trained import load_trained, parse_options
 from lmtrain.tools.unnormalized_score import Unnormalized, normalized_flag, report, unnormalized_score
 from lmtrain.training.module import LanguageModel
 from lmtrain.training.step import window_log_prob
-from lmtrain.training.threads import apply_threads
 
 DEFAULTS: dict[str, str] = {
     **{"ckpt_path": "", "file": "", "out": "", "device": "auto", "normalized": "true", "threads": "auto"},

@@ -19,8 +19,9 @@ from omegaconf import DictConfig, OmegaConf
 from lmtrain.data.errors import DataError
 from lmtrain.data.tokenizer import Words
 from lmtrain.data.vocab import VOCAB_FILE, Vocabulary
+from lmtrain.run_folder.checkpoints import check_compatible, read_checkpoint
+from lmtrain.run_folder.ckpt_path import CheckpointError
 from lmtrain.training.build import build_model, build_module, needs_train_ids
-from lmtrain.training.checkpoints import CheckpointError, check_compatible, read_checkpoint
 from lmtrain.training.module import LanguageModel
 
 
@@ -80,9 +81,10 @@ def load_weights(module: LanguageModel, saved: dict[str, Any], ckpt: Path) -> La
 
 
 def load_model(ckpt: Path, data_overrides: list[str]) -> tuple[Any, LanguageModel]:
-    """The run's data module (set up) and model with the checkpoint's weights (diagnose reads the held-out data)."""
+    """The run's data module (set up) and model with the checkpoint's weights, on the CPU (diagnose reads the held-out
+    data)."""
     saved = read_checkpoint(ckpt)
-    datamodule, module = build_model(run_config(ckpt, data_overrides))
+    datamodule, module = build_model(run_config(ckpt, data_overrides), device="cpu")
     return datamodule, load_weights(module, saved, ckpt)
 
 
@@ -134,5 +136,5 @@ def load_trained(ckpt_path: str, data_overrides: list[str], device: str = "auto"
         if vocab is not None and (vocab.words != rebuilt.words or not torch.equal(vocab.counts, rebuilt.counts)):
             raise DataError(f"the data of {ckpt.parent.parent} no longer gives the vocabulary in its {VOCAB_FILE}")
         vocab = vocab or rebuilt
-    module = build_module(cfg, len(vocab), vocab.counts, train_ids, vocab.words)  # words: a spelling output's
+    module = build_module(cfg, len(vocab), vocab.counts, train_ids, vocab.words, target)  # words: a spelling output's
     return TrainedModel(load_weights(module, saved, ckpt).to(target), vocab, ckpt, target)

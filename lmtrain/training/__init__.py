@@ -1,1 +1,3 @@
-"""The training app: ``run.train(cfg)`` builds the parts, fits and tests (docs/architecture.md)."""
+"""The step and the module: ``step.py`` (one training step and the exact evaluation as plain functions), ``module.py``
+(the LightningModule), ``optim.py`` (optimizers, clipping and DDP for sparse row gradients), ``schedule.py`` and
+``averaging.py``; ``build.py`` builds the module from the config."""

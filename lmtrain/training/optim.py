@@ -1,10 +1,13 @@
-"""Optimizers and gradient clipping that handle sparse row gradients (docs/strategies.md, sparse row updates)."""
+"""Optimizers, gradient clipping and the mean over DDP ranks that handle sparse row gradients (docs/strategies.md,
+sparse row updates): DDP itself cannot reduce sparse gradients, so ``ddp_ignored`` takes them (and the output's derived
+buffers) out of its hands and ``mean_over_ranks`` averages them before the optimizer step."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import lightning as L
 import torch
 from torch import Tensor, nn
 
@@ -164,3 +167,35 @@ def clip_grad_norm(params: Iterable[Tensor], max_norm: float) -> Tensor:
     scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
     torch._foreach_mul_(tensors, scale.to(tensors[0].device))  # one model: all gradients on one device
     return total
+
+
+def ddp_ignored(module: nn.Module, sparse: list[nn.Parameter], output: nn.Module) -> list[str]:
+    """Names in ``module`` that DDP must leave alone: the ``sparse``-gradient parameters, reduced by
+    ``mean_over_ranks`` instead, and the ``output``'s derived buffers (kernel trees), which every rank keeps
+    identical itself, from identical weights and identical reduced gradients, instead of broadcasting O(tree) every
+    step."""
+    ids = {id(p) for p in sparse}
+    buffers = {id(b) for b in output.buffers()}
+    ignored = [n for n, p in module.named_parameters() if id(p) in ids]
+    return ignored + [n for n, b in module.named_buffers() if id(b) in buffers]
+
+
+def mean_over_ranks(param: nn.Parameter, module: L.LightningModule) -> Tensor:
+    """The mean over ranks of ``param``'s (sparse row) gradient, coalesced: the same tensor on every rank."""
+    grad, world = param.grad, module.trainer.world_size
+    if grad is None:
+        empty_rows = torch.empty(1, 0, dtype=torch.long, device=param.device)
+        grad = torch.sparse_coo_tensor(empty_rows, param.new_empty(0, *param.shape[1:]), param.shape)
+    if not grad.is_sparse:
+        return module.trainer.strategy.reduce(grad, reduce_op="mean")
+    grad = grad.coalesce()
+    rows, values = grad.indices()[0], grad.values()  # (k,), (k, d)
+    counts = module.all_gather(torch.tensor(rows.numel(), device=param.device))  # (world,)
+    most = int(counts.max())
+    padded_rows = rows.new_zeros(most)
+    padded_rows[: rows.numel()] = rows
+    padded_values = values.new_zeros(most, *values.shape[1:])
+    padded_values[: rows.numel()] = values
+    all_rows, all_values = module.all_gather(padded_rows), module.all_gather(padded_values)  # (world, most[, d])
+    keep = torch.arange(most, device=param.device) < counts[:, None]  # (world, most): drop the padding
+    return torch.sparse_coo_tensor(all_rows[keep][None], all_values[keep] / world, param.shape).coalesce()

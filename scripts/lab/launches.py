@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from lab.step_fixture import as_on_a_gpu, forms, step_fixture, synthetic_counts
+from lab.step_fixture import step_fixture, synthetic_counts
 
 # operators that neither launch work nor wait for the device: allocations without a fill and metadata
 NO_LAUNCH = {
@@ -182,14 +182,11 @@ def count_draw(overrides: list[str], num_classes: int, positions: int = 700, see
     from lmtrain.config import compose_config
     from lmtrain.training.build import build_module
 
-    overrides, gpu_forms = forms(overrides, on_gpu=False)
     cfg = compose_config(["data=synthetic", f"data.vocab_size={num_classes}", "trainer.accelerator=cpu", *overrides])
     torch.manual_seed(seed)
     counts = synthetic_counts(num_classes)
     stream = torch.multinomial(counts.double(), 20_000, replacement=True)
     module = build_module(cfg, num_classes, counts, stream)
-    if gpu_forms:
-        as_on_a_gpu(module)
     output = module.output
     if not hasattr(output, "sampler"):
         return Counts()

@@ -1,8 +1,9 @@
 """Where a benchmark record was measured: the device and the versions, the commit, and the tests that need CUDA run
-before it (``scripts/bench_gpu.py``)."""
+before it (``scripts/bench_gpu.py``); and the record written."""
 
 from __future__ import annotations
 
+import json
 import platform
 import subprocess
 import sys
@@ -14,6 +15,13 @@ from typing import Any
 
 import lightning
 import torch
+
+
+def write_record(path: Path, record: dict[str, Any]) -> None:
+    """Write a benchmark's record as indented JSON, making its folder, and say where."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2))
+    print(f"wrote {path}")
 
 
 def environment(device: str) -> dict[str, Any]:

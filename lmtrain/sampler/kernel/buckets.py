@@ -38,41 +38,67 @@ class BucketScorer:
     def kernel(self, query: Tensor, bucket: Tensor, k: int, prepared: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """log K(h, w_j) for the members of each walker's bucket (W,) -> (W, L) (-inf on padding),
         and the member ids (W, L); walker w belongs to query w // k. ``prepared``: ``features.prepare(query)``
-        when the caller has it."""
+        when the caller has it. The walk's: one GEMM with every class padded to whole buckets, or rows gathered in
+        cache-sized blocks (``TreeWalk.dense`` decides)."""
         store, n_query = self.store, query.shape[0]
         size = store.bucket_size
         ids = store.member_ids(bucket)  # (W, L)
         prepared = self.features.prepare(query) if prepared is None else prepared
-        kept = store.cache.prepared_rows(self.features, store.weight) if store.fixed_backend else None  # (B L, d)
-        if self.walk.dense(store.num_buckets, n_query, k) and store.fixed_backend:  # one GEMM, then pick (no padding)
-            rows = self.features.prepare(store.weight) if kept is None else kept[: store.num_classes]  # (n, d)
-            dots = prepared @ rows.T  # (N, n)
-            flat = ids.clamp(max=store.num_classes - 1) + self.query_offsets(n_query, k, store.num_classes, ids.device)
-            dots = dots.view(-1).take(flat)  # (W, L): entry [w // k, ids[w]] of the (N, n) products
-        elif self.walk.dense(store.num_buckets, n_query, k):  # all dot products in one GEMM, then pick
+        if self.walk.dense(store.num_buckets, n_query, k):  # all dot products in one GEMM, then pick
             dots = prepared @ self.features.prepare(store.weight).T  # (N, n)
             dots = nn.functional.pad(dots, (0, store.num_buckets * size - store.num_classes))
             qrow = torch.arange(n_query, device=bucket.device).repeat_interleave(k)  # (W,)
             dots = dots.view(-1, size).index_select(0, bucket + qrow * store.num_buckets)  # (W, L)
         else:
+            dots = self.gathered_dots(prepared, ids, k, None, query.shape[1])
+        return self.log_kernel(dots, ids), ids
 
-            def block(lo: int, hi: int) -> Tensor:
-                if kept is not None:  # padding rows too: no clamp
-                    rows = kept.index_select(0, ids[lo * k : hi * k].view(-1)).view(hi - lo, k * size, -1)
-                else:
-                    where = ids[lo * k : hi * k].clamp(max=store.num_classes - 1).view(-1)
-                    rows = self.features.prepare(store.weight.index_select(0, where)).view(hi - lo, k * size, -1)
-                return torch.bmm(prepared[lo:hi].unsqueeze(1), rows.transpose(1, 2)).view(-1, size)
+    def kernel_direct(
+        self, query: Tensor, bucket: Tensor, k: int, prepared: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """``kernel`` in the fixed backend's operators: the class rows as the kernel reads them kept beside the
+        feature cache (``FeatureCache.prepared_rows``, where there is one), and the dense GEMM's entries picked with
+        one ``take`` (no padding)."""
+        store, n_query = self.store, query.shape[0]
+        ids = store.member_ids(bucket)  # (W, L)
+        prepared = self.features.prepare(query) if prepared is None else prepared
+        kept = store.cache.prepared_rows(self.features, store.weight)  # (B L, d) or None
+        if self.walk.dense(store.num_buckets, n_query, k):  # one GEMM, then pick (no padding)
+            rows = self.features.prepare(store.weight) if kept is None else kept[: store.num_classes]  # (n, d)
+            dots = prepared @ rows.T  # (N, n)
+            flat = ids.clamp(max=store.num_classes - 1) + self.query_offsets(n_query, k, store.num_classes, ids.device)
+            dots = dots.view(-1).take(flat)  # (W, L): entry [w // k, ids[w]] of the (N, n) products
+        else:
+            dots = self.gathered_dots(prepared, ids, k, kept, query.shape[1])
+        return self.log_kernel(dots, ids), ids
 
-            dots = store.blocks(block, n_query, k * size * query.shape[1])
+    def gathered_dots(self, prepared: Tensor, ids: Tensor, k: int, kept: Tensor | None, dim: int) -> Tensor:
+        """<prepared query, prepared row> (W, L) of every walker's members ``ids`` (W, L), rows gathered in blocks
+        of queries (``TreeStore.blocks``): from ``kept`` (the prepared rows, padding rows included: no clamp) where
+        given, else prepared from the weights."""
+        store, size = self.store, self.store.bucket_size
+
+        def block(lo: int, hi: int) -> Tensor:
+            if kept is not None:  # padding rows too: no clamp
+                rows = kept.index_select(0, ids[lo * k : hi * k].view(-1)).view(hi - lo, k * size, -1)
+            else:
+                where = ids[lo * k : hi * k].clamp(max=store.num_classes - 1).view(-1)
+                rows = self.features.prepare(store.weight.index_select(0, where)).view(hi - lo, k * size, -1)
+            return torch.bmm(prepared[lo:hi].unsqueeze(1), rows.transpose(1, 2)).view(-1, size)
+
+        return store.blocks(block, prepared.shape[0], k * size * dim)
+
+    def log_kernel(self, dots: Tensor, ids: Tensor) -> Tensor:
+        """log K from the prepared dot products (W, L), -inf on the padding slots of the last buckets."""
+        store = self.store
         logk = self.features.log_kernel_dot(dots)
-        if store.num_buckets * size > store.num_classes:  # padding slots of the last buckets
+        if store.num_buckets * store.bucket_size > store.num_classes:  # padding slots of the last buckets
             logk = logk.masked_fill(ids >= store.num_classes, float("-inf"))
-        return logk, ids
+        return logk
 
     def query_offsets(self, n_query: int, k: int, stride: int, device: torch.device) -> Tensor:
         """(W, 1) the first entry of walker w's query, (w // k) x ``stride``, in a flat (N, stride) table: made once
-        per shape and device (the GPU paths' dense scoring)."""
+        per shape and device (``kernel_direct``'s dense scoring)."""
         key = (n_query, k, stride, device)
         if key not in self._offsets:
             self._offsets = {key: torch.arange(n_query, device=device).repeat_interleave(k).unsqueeze(1) * stride}
@@ -109,7 +135,7 @@ class BucketScorer:
 
     def mixture_direct(self, psi: Tensor, bucket: Tensor) -> tuple[Tensor, Tensor]:
         """``mixture``'s log weights (W, L) and member ids (W, L) for buckets (W,), each scored where it stands
-        (a bucket asked for twice is scored twice): fixed shapes, no deduplication (the GPU path)."""
+        (a bucket asked for twice is scored twice): fixed shapes, no deduplication (the fixed backend's)."""
         store = self.store
         members = store.member_ids(bucket)  # (W, L)
         if store.cache.active:  # the cache's padding rows are zero: masked below

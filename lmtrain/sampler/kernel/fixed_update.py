@@ -1,8 +1,8 @@
-"""A kernel tree's after-step update with fixed shapes: the GPU path of ``TreeStore.update`` (the fixed backend).
+"""A kernel tree's after-step update with fixed shapes: the fixed backend's (``FixedBackend.update``).
 
-``TreeStore.update`` finds the distinct changed rows and buckets with ``torch.unique``, counts each bucket's delta
-updates and re-sums only the changed ancestors: every one of those sizes depends on the data, a host sync on a GPU.
-Here every shape is known before the step:
+The walk's update (``WalkBackend.update``) finds the distinct changed rows and buckets with ``torch.unique``, counts
+each bucket's delta updates and re-sums only the changed ancestors: every one of those sizes depends on the data, a
+host sync on a GPU. Here every shape is known before the step:
 
 - with a feature cache (RFF's default), every changed row enters its bucket as phi(new) - cached phi(old); the
   repeats of a row (found by sorting) add theirs to the leaf's parent instead, which the re-sum below rewrites, so
@@ -28,15 +28,12 @@ which bounds it alike.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from lmtrain.sampler.kernel.heap_paths import descendant_matrix
-
-if TYPE_CHECKING:
-    from lmtrain.sampler.kernel.store import TreeStore
+from lmtrain.sampler.kernel.store import GPU_BLOCK_ELEMENTS, TreeStore
 
 # levels above the leaves re-summed by one addition each; the levels above them come from one sparse product, whose
 # matrix has (depth - SUMMED_LEVELS) x 2^(depth - SUMMED_LEVELS) ones: with 3, it reads about 2 x the leaves' values
@@ -51,14 +48,13 @@ PATH_COST = 4
 
 
 class FixedUpdate:
-    """``TreeStore.update`` for the GPU paths (see the module docstring); ``updates`` counts them since the leaves
-    were last recomputed from the cache. ``mode`` (``sampler.tree_update``): ``auto`` chooses path deltas or a
-    re-sum by ``by_paths``' count, ``paths`` takes the deltas wherever they fit the memory budget, ``resum`` never."""
+    """The fixed backend's update (see the module docstring); the store's ``updates`` counts them since the leaves
+    were last recomputed. ``mode`` (``sampler.tree_update``): ``auto`` chooses path deltas or a re-sum by
+    ``by_paths``' count, ``paths`` takes the deltas wherever they fit the memory budget, ``resum`` never."""
 
     def __init__(self, store: TreeStore, mode: str) -> None:
         self.store = store
         self.mode = mode
-        self.updates = 0
         self._descendants: dict[tuple[int, torch.device, torch.dtype], Tensor] = {}
         self._tables: dict[tuple, Tensor] = {}  # index tables of the current tree shape (``_table``)
         self._shape: tuple = ()  # that shape: classes, bucket size, depth, device
@@ -70,17 +66,17 @@ class FixedUpdate:
         if rows.numel() == 0:
             return
         cached = store.cache.active
-        self.updates += 1
-        paths = self.updates < store.refresh and self.by_paths(rows.numel())  # refresh 0: never
+        store.updates += 1
+        paths = store.updates < store.refresh and self.by_paths(rows.numel())  # refresh 0: never
         if cached:
             self._add_cached_deltas(weight, rows, paths)
         elif paths:
             self._add_bucket_deltas(rows)
         if paths:
             return
-        if self.updates >= store.refresh or not cached:  # without a cache every leaf, unless by paths
+        if store.updates >= store.refresh or not cached:  # without a cache every leaf, unless by paths
             self.set_every_leaf()
-            self.updates = 0
+            store.updates = 0
         self.resum(store.nodes)
 
     def by_paths(self, rows: int) -> bool:
@@ -88,8 +84,6 @@ class FixedUpdate:
         they touch fewer values than a re-sum of the tree, counting without a cache the leaves recomputed (theirs
         against every bucket's); in any mode only where their temporaries fit the memory budget. Decided by shapes
         alone: a step's operators are known before it runs."""
-        from lmtrain.sampler.kernel.store import GPU_BLOCK_ELEMENTS  # the store imports this module
-
         store = self.store
         if self.mode == "resum" or store.depth == 0 or rows >= store.num_classes:
             return False
@@ -181,8 +175,6 @@ class FixedUpdate:
         """Every leaf := the sum of its classes' features (``TreeStore.set_leaves`` of every bucket), from the cache or
         from the rows; in one block where the memory budget allows, gathering the rows with ``members`` (else by
         ``set_leaves``' blocks)."""
-        from lmtrain.sampler.kernel.store import GPU_BLOCK_ELEMENTS  # the store imports this module
-
         store = self.store
         size, buckets = store.bucket_size, store.num_buckets
         leaves = store.nodes[buckets - 1 :]  # (B, F)

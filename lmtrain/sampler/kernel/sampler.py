@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from lmtrain.common.runtime import StepForms
 from lmtrain.sampler.base import Sampler
 from lmtrain.sampler.kernel.features import FeatureMap, RandomFourierFeatures
 from lmtrain.sampler.kernel.proposal import KernelProposal, MixtureProposal
@@ -32,8 +33,8 @@ class KernelSampler(Sampler):
     - batch-shared (``shared`` True): m ids for the whole batch, drawn from the mixture q-bar = (1/N) sum_i
       q_i of the batch's proposals by one tree walk (``MixtureProposal``); its ``log_q`` is log q-bar of any ids
       (any shape), the same distribution for every position of that batch.
-    The tree's backend (the walk on a CPU, fixed shapes on a GPU) is chosen by ``place`` for the device the weights
-    are on (``KernelOptions.backend``).
+    The tree's backend (the walk, a CPU's; the fixed one, a GPU's) is chosen once, when the tree is built:
+    ``KernelOptions.backend`` forces one, else (``auto``) the run's step ``forms`` (``StepForms``) decide.
 
     The tree is derived state: built from the first weights it sees, refreshed for the changed rows after
     each optimizer step, rebuilt from the weights when ``rows`` is None (a dense optimizer) and by ``rebuild`` (a
@@ -47,7 +48,7 @@ class KernelSampler(Sampler):
     each position's m draws come from the unigram and every id is corrected with the mixture's exact log q.
     """
 
-    runtime_args: ClassVar[tuple[str, ...]] = ("num_classes", "counts")
+    runtime_args: ClassVar[tuple[str, ...]] = ("num_classes", "counts", "forms")
 
     def __init__(
         self,
@@ -55,11 +56,12 @@ class KernelSampler(Sampler):
         num_classes: int | None = None,
         counts: Tensor | None = None,
         options: KernelOptions | None = None,
+        forms: StepForms | None = None,
     ) -> None:
         super().__init__()
         self.options = opts = options or KernelOptions()
-        self.tree = KernelTree(features, **{f.name: getattr(opts, f.name) for f in dataclasses.fields(KernelOptions)})
-        self.backend = opts.backend
+        tree_options = {f.name: getattr(opts, f.name) for f in dataclasses.fields(KernelOptions)}
+        self.tree = KernelTree(features, forms=forms, **tree_options)
         share = opts.unigram_share
         self.unigram = UnigramShare(share, num_classes, counts) if share else None
         self.shared = False  # the mode; the output strategy sets it (share_negatives)
@@ -82,13 +84,9 @@ class KernelSampler(Sampler):
         return proposal(self.tree, query, self.unigram, targets)
 
     def place(self, weight: Tensor) -> None:
-        """Choose the tree's backend for the device of ``weight``, once per device: the fixed-shape backend on a
-        GPU, the walk elsewhere, unless ``backend`` forces one. The sampler's own buffers (RFF's frequencies) go
-        where the weights are, also for a sampler used outside a model that was moved."""
+        """The sampler's own buffers (RFF's frequencies) go where the weights are, also for a sampler used outside
+        a model that was moved. The tree's backend stays the one chosen when it was built."""
         self.to(weight.device)
-        fixed = self.backend == "fixed" or (self.backend == "auto" and weight.is_cuda)
-        if fixed != self.tree.fixed_backend:
-            self.tree.use_fixed_backend(fixed)
 
     def follow(self, weight: Tensor) -> None:
         self.place(weight)
@@ -107,7 +105,7 @@ class KernelSampler(Sampler):
         if store.weight is None:
             return {}
         kept = {"nodes": store.nodes.clone(), "deltas": store.deltas.clone()}
-        kept["updates"] = torch.tensor(store.fixed_update.updates)
+        kept["updates"] = torch.tensor(store.updates)
         return kept | store.cache.kept_rows(store.features, store.weight, store.chunk_elements)
 
     def restore_kept_state(self, kept: dict[str, Tensor]) -> None:
@@ -120,7 +118,7 @@ class KernelSampler(Sampler):
             raise ValueError(f"the checkpoint's kernel tree has {saved} node sums, this one {now}: its options differ")
         store.nodes.copy_(kept["nodes"])
         store.deltas.copy_(kept["deltas"])
-        store.fixed_update.updates = int(kept["updates"])
+        store.updates = int(kept["updates"])
         store.cache.put_rows(store.features, store.weight, kept)
 
     def update(self, weight: Tensor, rows: Tensor | None = None) -> None:
@@ -154,9 +152,15 @@ class QuadraticSampler(KernelSampler):
 
     name, Options = "quadratic", QuadraticOptions  # sampler=quadratic
 
-    def __init__(self, num_classes: int | None = None, counts: Tensor | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        num_classes: int | None = None,
+        counts: Tensor | None = None,
+        forms: StepForms | None = None,
+        **options: Any,
+    ) -> None:
         opts = QuadraticOptions(**options)  # the keys left out take their defaults
-        super().__init__(QuadraticFeatures(alpha=opts.alpha), num_classes, counts, opts)
+        super().__init__(QuadraticFeatures(alpha=opts.alpha), num_classes, counts, opts, forms)
 
 
 class RFFSampler(KernelSampler):
@@ -169,6 +173,12 @@ class RFFSampler(KernelSampler):
 
     name, Options = "rff", RFFOptions  # sampler=rff
 
-    def __init__(self, num_classes: int | None = None, counts: Tensor | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        num_classes: int | None = None,
+        counts: Tensor | None = None,
+        forms: StepForms | None = None,
+        **options: Any,
+    ) -> None:
         opts = RFFOptions(**options)  # the keys left out take their defaults
-        super().__init__(RandomFourierFeatures(**options), num_classes, counts, opts)
+        super().__init__(RandomFourierFeatures(**options), num_classes, counts, opts, forms)

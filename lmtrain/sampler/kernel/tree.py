@@ -7,19 +7,17 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lmtrain.sampler.kernel.buckets import BucketScorer, BucketScores
+from lmtrain.common.runtime import StepForms
+from lmtrain.sampler.kernel.backend import TreeBackend
+from lmtrain.sampler.kernel.buckets import BucketScorer
 from lmtrain.sampler.kernel.features import FeatureMap
-from lmtrain.sampler.kernel.gpu_draws import FixedDraws, FixedStep
+from lmtrain.sampler.kernel.fixed_backend import FixedBackend
 from lmtrain.sampler.kernel.store import TreeStore
 from lmtrain.sampler.kernel.walk import TreeWalk
+from lmtrain.sampler.kernel.walk_backend import WalkBackend
 from lmtrain.sampler.options import KernelOptions
 
-# the cost of a node read by a per-id path gather (scattered rows, a small product each) in units of one read by a
-# level's GEMM (one streamed product), and of a walk's work in units of a dense draw's: both measured constants of
-# the cost rules below (docs/architecture.md, measured design choices)
-GATHER_COST = 4.0
-WALK_COST = 0.5
-DENSE_MAX_ENTRIES = 1 << 26  # (N, n) log q entries a dense draw may hold (256 MiB in float32)
+BACKENDS: dict[str, type[TreeBackend]] = {backend.name: backend for backend in (WalkBackend, FixedBackend)}
 
 
 class KernelTree(nn.Module):
@@ -42,34 +40,48 @@ class KernelTree(nn.Module):
 
     In both modes ``log_q`` follows the same branch probabilities and the same in-bucket normalization as the
     draws, so it is the exact log-probability of a draw. The per-example methods take the queries' features
-    ``phi`` (``features(query)``) when the caller has them already, the batch-shared ones a ``BucketScores`` of
-    psi: a step's proposal (``lmtrain.sampler.kernel.proposal``) computes each once for its draws and its targets.
+    ``phi`` (``features(query)``) when the caller has them already, and every method a step's ``step`` (``step``,
+    ``mixture_step``): a step's proposal (``lmtrain.sampler.kernel.proposal``) computes each once for its draws and
+    its targets.
 
-    Two backends, chosen for the device (``use_fixed_backend``): the walk (a CPU's: cache-sized blocks, distinct rows
-    once) and the fixed one (a GPU's: ``FixedDraws``, fixed operators, no host sync; the step's ``FixedStep``).
+    Draws, log q and the update after a step are the ``backend``'s (``TreeBackend``): the walk (``WalkBackend``, a
+    CPU's: cache-sized blocks, distinct rows once) or the fixed one (``FixedBackend``, a GPU's: fixed operators, no
+    host sync). It is chosen once, here: ``backend`` (``sampler.backend``) ``walk`` or ``fixed`` forces one, ``auto``
+    takes the fixed one in a GPU's step ``forms`` (``StepForms``, decided when the model is built), else the walk.
     """
 
     def __init__(
-        self, features: FeatureMap, dense_factor: float = 64, chunk_elements: int = 1 << 22, **options: Any
+        self,
+        features: FeatureMap,
+        dense_factor: float = 64,
+        chunk_elements: int = 1 << 22,
+        forms: StepForms | None = None,
+        **options: Any,
     ) -> None:
         super().__init__()
-        self.fixed_backend = False  # the backend, chosen by the sampler for the device (KernelTree.use_fixed_backend)
-        opts = KernelOptions(**options)  # leaf_size, eps, refresh, ...: the keys left out take their defaults
+        self.options = opts = KernelOptions(**options)  # leaf_size, eps, refresh, ...: the keys left out: defaults
         self.features = features  # registered here only: its state-dict keys stay `...tree.features.*`
-        self.store = TreeStore(features, opts, chunk_elements)  # the node sums and their update (no persistent state)
-        self.walk = TreeWalk(self.store, dense_factor)  # not a module (nor the scorer): they hold no tensors
+        self.store = TreeStore(features, opts, chunk_elements)  # the node sums (no persistent state)
+        self.walk = TreeWalk(self.store, dense_factor)  # not a module (nor the scorer, the backend): no tensors
         self.scorer = BucketScorer(features, self.store, self.walk)
-        self.fixed = FixedDraws(self.store, self.scorer, opts.scored_levels)
+        fixed_shapes = forms is not None and forms.fixed_shapes
+        self.use_backend(str(opts.backend) if opts.backend != "auto" else "fixed" if fixed_shapes else "walk")
 
-    def fixed_step(self, query: Tensor | None = None, phi: Tensor | None = None) -> FixedStep | None:
-        """On the GPU paths, what a step's draws and log q share (``FixedStep``): for the queries (N, d) their
-        kernel form, features and reach of the top levels, or for features ``phi`` (1, F) (a mixture's psi) the
-        reach; None on a CPU."""
-        if not self.fixed_backend:
-            return None
-        if query is not None:
-            self._check(query)
-        return self.fixed.step_of(self.features, query, phi)
+    def use_backend(self, name: str) -> None:
+        """Draw, score and update with the backend ``name`` (``walk`` or ``fixed``); the store's blocks follow it.
+        Chosen once when the tree is built; a test or benchmark switches one tree to compare both on it."""
+        if getattr(self, "backend", None) is None or self.backend.name != name:
+            self.backend = BACKENDS[name](self.store, self.walk, self.scorer, self.options)
+            self.store.block_limit = self.backend.block_limit
+
+    def step(self, query: Tensor) -> Any:
+        """What the per-position draws and log q of the queries (N, d) share in one step (``TreeBackend.step``)."""
+        self._check(query)
+        return self.backend.step(query)
+
+    def mixture_step(self, psi: Tensor) -> Any:
+        """What the batch-shared draws and log q-bar of psi (F,) share in one step (``TreeBackend.mixture_step``)."""
+        return self.backend.mixture_step(psi)
 
     # --- the store: building and the shape of the tree --------------------------------------------
     def rebuild(self, weight: Tensor) -> None:
@@ -77,8 +89,8 @@ class KernelTree(nn.Module):
         self.store.rebuild(weight)
 
     def update(self, weight: Tensor, rows: Tensor) -> None:
-        """Bring the buckets holding the changed ``rows`` up to the current ``weight`` (``TreeStore.update``)."""
-        self.store.update(weight, rows)
+        """Bring the buckets holding the changed ``rows`` up to the current ``weight`` (``TreeBackend.update``)."""
+        self.backend.update(weight, rows)
 
     @property
     def weight(self) -> Tensor | None:
@@ -106,11 +118,6 @@ class KernelTree(nn.Module):
     def depth(self) -> int:
         return self.store.depth
 
-    def use_fixed_backend(self, on: bool) -> None:
-        """Switch the tree and its parts (the store and its cache, the scorer's blocks) to the fixed backend (a GPU's)
-        or to the walk (a CPU's)."""
-        self.fixed_backend = self.store.fixed_backend = bool(on)
-
     def _check(self, query: Tensor) -> None:
         if self.weight is None:
             raise RuntimeError("KernelTree is empty: call update(weight) (or rebuild) before sampling")
@@ -119,18 +126,11 @@ class KernelTree(nn.Module):
 
     # --- per example ----------------------------------------------------------------------------
     def sample(
-        self, query: Tensor, num_samples: int, phi: Tensor | None = None, fixed: FixedStep | None = None
+        self, query: Tensor, num_samples: int, phi: Tensor | None = None, step: Any = None
     ) -> tuple[Tensor, Tensor]:
         """query (N, d) -> ids (N, m) drawn per example, and their exact log q (N, m)."""
         self._check(query)
-        if self.fixed_backend:
-            return self.fixed.sample(query, self.features(query) if phi is None else phi, num_samples, fixed)
-        n_query = query.shape[0]
-        uniform = torch.rand(self.depth, n_query * num_samples, device=query.device)
-        phi = self.features(query) if phi is None else phi
-        bucket, log_path = self.walk.descend(phi, num_samples, uniform)  # (W,) each, W = N m
-        ids, log_in = self.walk.pick(*self.scorer.kernel(query, bucket, num_samples))  # (W,) each
-        return ids.view(n_query, num_samples), (log_path + log_in).view(n_query, num_samples)
+        return self.backend.sample(query, phi, num_samples, step)
 
     def sample_dense(self, query: Tensor, num_samples: int, phi: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """The draws of ``sample`` from the same q, made by computing every class's log q first (``log_q_all``) and
@@ -141,48 +141,19 @@ class KernelTree(nn.Module):
         return ids, log_q.gather(1, ids)
 
     def dense_draw_pays(self, n_query: int, num_samples: int) -> bool:
-        """Whether ``sample_dense`` costs less than ``sample`` for N queries and m draws each: dense reads every
-        node once per query (2B F) and scores every class (n d); m walks read depth x 2F node values and a bucket
-        of L classes each. ``WALK_COST`` converts between the two (a walk's reads are scattered, a dense draw's
-        streamed; the crossover it gives is in docs/strategies.md)."""
-        in_features = self.weight.shape[1]
-        feats = self.nodes.shape[1]
-        dense = 2 * self.num_buckets * feats + self.num_classes * in_features
-        walk = num_samples * (self.depth * 2 * feats + self.bucket_size * in_features)
-        if self.fixed_backend:  # the fixed walk: the same operators whatever n
-            return False
-        return dense <= WALK_COST * walk and n_query * self.num_classes <= DENSE_MAX_ENTRIES
+        """Whether ``sample_dense`` costs less than ``sample`` for N queries and m draws each (the backend's rule:
+        ``WalkBackend.dense_draw_pays``; never for the fixed backend, the same operators whatever n)."""
+        return self.backend.dense_draw_pays(n_query, num_samples)
 
-    def log_q(self, query: Tensor, ids: Tensor, phi: Tensor | None = None, fixed: FixedStep | None = None) -> Tensor:
+    def log_q(self, query: Tensor, ids: Tensor, phi: Tensor | None = None, step: Any = None) -> Tensor:
         """Exact log q of any ids (N, k) under the walk that ``sample`` performs, (N, k)."""
         self._check(query)
-        if self.fixed_backend:
-            return self.fixed.log_q(query, self.features(query) if phi is None else phi, ids, fixed)
-        n_query, k = ids.shape
-        bucket = torch.div(ids, self.bucket_size, rounding_mode="floor")  # (N, k)
-        logk, _ = self.scorer.kernel(query, bucket.reshape(-1), k)  # (W, L)
-        pick = (ids - bucket * self.bucket_size).view(-1, 1)  # (W, 1)
-        log_in = (logk.gather(1, pick).squeeze(1) - torch.logsumexp(logk, 1)).view(n_query, k)
-        if self.depth == 0:
-            return log_in
-        return self.walk.path_log_q(self.features(query) if phi is None else phi, bucket) + log_in
+        return self.backend.log_q(query, phi, ids, step)
 
-    def log_q_many(
-        self, query: Tensor, ids: Tensor, phi: Tensor | None = None, fixed: FixedStep | None = None
-    ) -> Tensor:
-        """``log_q`` of ids (N, k) drawn elsewhere (a kernel proposal's unigram share), through every query's
-        probability of reaching every bucket (one product per level, ``TreeWalk.log_reach``) when the tree has few
-        buckets for the number of ids: reach reads 2B node sums per query, the paths k x depth x 2 (gathered,
-        ``GATHER_COST`` times slower each)."""
-        n_query, k = ids.shape
-        if self.fixed_backend or self.depth == 0 or self.num_buckets > GATHER_COST * k * self.depth * 2:
-            return self.log_q(query, ids, phi, fixed)
-        bucket = torch.div(ids, self.bucket_size, rounding_mode="floor")  # (N, k)
-        logk, _ = self.scorer.kernel(query, bucket.reshape(-1), k)  # (N k, L)
-        pick = (ids - bucket * self.bucket_size).view(-1, 1)  # (N k, 1)
-        log_in = (logk.gather(1, pick).squeeze(1) - torch.logsumexp(logk, 1)).view(n_query, k)
-        reach = self.walk.log_reach(self.features(query) if phi is None else phi)  # (N, B)
-        return reach.gather(1, bucket) + log_in  # (N, k)
+    def log_q_many(self, query: Tensor, ids: Tensor, phi: Tensor | None = None, step: Any = None) -> Tensor:
+        """``log_q`` of ids (N, k) drawn elsewhere (a kernel proposal's unigram share), by whichever way costs the
+        backend less (``WalkBackend.log_q_many``)."""
+        return self.backend.log_q_many(query, phi, ids, step)
 
     def log_q_all(self, query: Tensor, phi: Tensor | None = None) -> Tensor:
         """Exact log q of every class for each query, (N, n): the walk's branch probabilities for every node of
@@ -207,33 +178,13 @@ class KernelTree(nn.Module):
         self._check(query)
         return self.features.mixture(query, self.nodes[0], self.store.floor[0])
 
-    def bucket_scores(self, psi: Tensor) -> BucketScores:
-        """An empty table of psi's in-bucket log weights, filled as buckets are asked for (``BucketScores``)."""
-        return self.scorer.empty(psi)
-
-    def sample_mixture(
-        self, psi: Tensor, num_samples: int, scores: BucketScores | None = None, fixed: FixedStep | None = None
-    ) -> tuple[Tensor, Tensor]:
+    def sample_mixture(self, psi: Tensor, num_samples: int, step: Any = None) -> tuple[Tensor, Tensor]:
         """``num_samples`` ids (m,) drawn with psi's walk (see ``mixture``) and their exact log q-bar (m,)."""
-        if self.fixed_backend:
-            return self.fixed.sample_mixture(psi, num_samples, fixed)
-        uniform = torch.rand(self.depth, num_samples, device=psi.device)
-        bucket, log_path = self.walk.descend(psi.unsqueeze(0), num_samples, uniform)  # (m,) each
-        ids, log_in = self.walk.pick(*self.scorer.mixture(psi, bucket, scores))  # (m,) each
-        return ids, log_path + log_in
+        return self.backend.sample_mixture(psi, num_samples, step)
 
-    def log_q_mixture(
-        self, psi: Tensor, ids: Tensor, scores: BucketScores | None = None, fixed: FixedStep | None = None
-    ) -> Tensor:
+    def log_q_mixture(self, psi: Tensor, ids: Tensor, step: Any = None) -> Tensor:
         """Exact log q-bar of any ids (any shape) under psi's walk, the same shape."""
-        if self.fixed_backend:
-            return self.fixed.log_q_mixture(psi, ids, fixed)
-        flat = ids.reshape(-1)
-        bucket = torch.div(flat, self.bucket_size, rounding_mode="floor")  # (K,)
-        distinct, inverse = torch.unique(bucket, return_inverse=True)  # each bucket's members scored once
-        logw, _ = self.scorer.mixture(psi, distinct, scores)  # (u, L)
-        log_in = torch.log_softmax(logw, 1)[inverse, flat - bucket * self.bucket_size]  # (K,)
-        return (self.walk.shared_path_log_q(psi, bucket) + log_in).view(ids.shape)
+        return self.backend.log_q_mixture(psi, ids, step)
 
     def log_q_all_mixture(self, psi: Tensor) -> Tensor:
         """Exact log q-bar of every class, (n,): psi's branch probabilities for every node at once times the

@@ -1,4 +1,6 @@
-"""`train(cfg)`: build the data, model, output strategy and trainer from the config; fit; test."""
+"""`train(cfg)`: build the data, model, output strategy and trainer from the config; fit; test. The order of a run,
+start to end, in one function, each step a call into the package that owns it (``lmtrain.process``,
+``lmtrain.run_folder``, ``lmtrain.training``)."""
 
 from __future__ import annotations
 
@@ -12,33 +14,20 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from lmtrain.data.vocab import Vocabulary
 from lmtrain.output.cache import CacheOptions, cached_test
+from lmtrain.process.library_logs import quiet_libraries
+from lmtrain.process.prepare import prepare_process
+from lmtrain.process.signals import TrainingStopped
+from lmtrain.run.loggers import build_loggers
+from lmtrain.run.loggers.wandb_run import finish_wandb, resumed_from, sync_line
+from lmtrain.run.trainer import build_callbacks, build_trainer, check_against_data, default_val_check_interval
+from lmtrain.run_folder.checkpoints import load_initial_weights
+from lmtrain.run_folder.ckpt_path import resolve_ckpt, resume_command
+from lmtrain.run_folder.folder import add_results, hydra_context, result_line, run_name, write_start_files
+from lmtrain.run_folder.resume import prepare_resume
+from lmtrain.run_folder.rng import seed_run, set_rng_states
 from lmtrain.training.build import build_model
-from lmtrain.training.library_logs import quiet_libraries
-from lmtrain.training.loggers import build_loggers
-from lmtrain.training.loggers.wandb_run import finish_wandb, resumed_from, sync_line
-from lmtrain.training.rng import seed_run, set_rng_states
-from lmtrain.training.run_folder import (
-    add_results,
-    hydra_context,
-    load_initial_weights,
-    prepare_resume,
-    resolve_ckpt,
-    result_line,
-    resume_command,
-    run_name,
-    write_run_info,
-)
 from lmtrain.training.step import window_log_prob
-from lmtrain.training.stop import TrainingStopped
-from lmtrain.training.trainer import (
-    build_callbacks,
-    build_trainer,
-    check_against_data,
-    default_val_check_interval,
-    prepare_process,
-)
 
 log = logging.getLogger("lmtrain")
 
@@ -71,10 +60,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     resumed_from([ckpt.parent.parent] if ckpt is not None and ckpt.parent.name == "checkpoints" else [])
 
     name = run_name(cfg, output_choice, overrides)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)  # there from the start, also if the run dies
-    Vocabulary(datamodule.vocab, datamodule.counts).save(run_dir)  # vocab.tsv: what generate and score read text with
-    write_run_info(run_dir, name, output_choice, cfg, datamodule.entropy_rate)
+    write_start_files(run_dir, cfg, name, output_choice, datamodule)  # config.yaml, vocab.tsv, run.json
     loggers = build_loggers(cfg, run_dir, name, resume_id, output_choice)
     callbacks = build_callbacks(cfg, run_dir / "checkpoints", resume_command(run_dir, overrides))
     trainer = build_trainer(cfg, loggers, callbacks, run_dir)

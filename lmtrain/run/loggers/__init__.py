@@ -1,4 +1,5 @@
-"""The run's loggers: metrics.csv always, plus the configured ones (W&B), and the end of a W&B run."""
+"""The run's loggers: metrics.csv always (its writer: ``lmtrain.run_folder.metrics_csv``), plus the configured ones
+(W&B; ``wandb_run.py``: its settings and the end of a W&B run)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from hydra.utils import get_class, instantiate
 from lightning.pytorch.loggers import Logger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
-from lmtrain.training.loggers.metrics_csv import MetricsCSVLogger
-from lmtrain.training.loggers.wandb_run import console_settings, wandb_settings
+from lmtrain.run.loggers.wandb_run import console_settings, wandb_settings
+from lmtrain.run_folder.metrics_csv import MetricsCSVLogger
 
 
 def build_loggers(

@@ -1,4 +1,5 @@
-"""The process and the Lightning Trainer of a run: threads and allocator; checkpoints, callbacks, loggers."""
+"""The Lightning Trainer of a run: its callbacks (checkpoints, lmtrain's own, the configured ones), its arguments,
+and the checks and defaults that need the data's size (validation interval)."""
 
 from __future__ import annotations
 
@@ -7,30 +8,17 @@ from datetime import timedelta
 from pathlib import Path
 
 import lightning as L
-import torch
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig
 
-from lmtrain.training.callbacks import EpochSummary, TimedCheckpoint, TrainingTimeLimit, ValidateAtEnd
-from lmtrain.training.checkpoints import AtomicCheckpointIO
-from lmtrain.training.host_time import NoProfiler
-from lmtrain.training.memory import reuse_freed_memory
-from lmtrain.training.progress import ProgressBar
-from lmtrain.training.stop import GracefulStop
-from lmtrain.training.threads import apply_threads
-
-
-def prepare_process(cfg: DictConfig) -> None:
-    """Threads (parallel jobs share the cores instead of fighting over them), matmul precision, subnormal floats
-    flushed, and glibc malloc kept from faulting each step's big buffers in again (``reuse_freed_memory``). The seed:
-    ``rng.seed_run``."""
-    apply_threads(cfg.get("threads", "auto"))
-    torch.set_float32_matmul_precision("high")
-    torch.set_flush_denormal(True)  # tiny LSTM gradients as subnormal floats are very slow on CPUs
-    if cfg.get("reuse_freed_memory", True):
-        reuse_freed_memory()  # no page faults for each step's big buffers (lmtrain.training.memory)
+from lmtrain.common.trainer_options import epoch_batches
+from lmtrain.process.signals import GracefulStop
+from lmtrain.run.callbacks import EpochSummary, TimedCheckpoint, TrainingTimeLimit, ValidateAtEnd
+from lmtrain.run.host_time import NoProfiler
+from lmtrain.run.progress import ProgressBar
+from lmtrain.run_folder.checkpoints import AtomicCheckpointIO
 
 
 def build_callbacks(cfg: DictConfig, ckpt_dir: Path, resume: str) -> list[L.Callback]:
@@ -90,16 +78,11 @@ def build_trainer(cfg: DictConfig, loggers: list[Logger], callbacks: list[L.Call
     )
 
 
-def epoch_batches(cfg: DictConfig, windows: int) -> int:
-    """Training batches in an epoch of ``windows`` windows, after ``trainer.limit_train_batches``."""
-    limit = cfg.trainer.get("limit_train_batches")
-    return min(windows, limit) if isinstance(limit, int) else int(windows * (1.0 if limit is None else limit))
-
-
 def check_against_data(cfg: DictConfig, windows: int) -> None:
     """What needs the data's size: an integer val_check_interval must fit into an epoch of ``windows`` training
     windows (after limit_train_batches), unless validation counts steps across epochs."""
-    interval, batches = cfg.trainer.get("val_check_interval"), epoch_batches(cfg, windows)
+    interval = cfg.trainer.get("val_check_interval")
+    batches = epoch_batches(windows, cfg.trainer.get("limit_train_batches"))
     if isinstance(interval, int) and interval > batches and cfg.trainer.get("check_val_every_n_epoch") is not None:
         raise ValueError(
             f"trainer.val_check_interval={interval} is more than the {batches} training batches of an epoch: use "
@@ -116,7 +99,7 @@ def default_val_check_interval(cfg: DictConfig, windows: int) -> int | None:
     if trainer.get("val_check_interval") is not None or trainer.get("check_val_every_n_epoch") != 1:
         return None
     accumulate = int(trainer.get("accumulate_grad_batches") or 1)
-    batches = epoch_batches(cfg, windows)
+    batches = epoch_batches(windows, trainer.get("limit_train_batches"))
     max_steps = int(trainer.get("max_steps") or -1)
     if not 0 < max_steps < math.ceil(batches / accumulate):  # ValidateAtEnd validates at max_steps
         return None

@@ -1,6 +1,6 @@
 """A throughput benchmark's record (``scripts/bench_train.py --json``) rendered as a table: tokens/s per strategy,
 the median of interleaved rounds, and the ratio to the full softmax measured in the same run. A GPU benchmark's
-record (``scripts/bench_gpu.py``) has its own layout (``lmtrain.study.gpu_bench``); the counts of
+record (``scripts/bench_gpu.py``) has its own layout (``records.gpu_bench``); the counts of
 ``scripts/bench_launches.py`` and ``scripts/bench_traffic.py`` (measured by ``scripts/lab/``) are rendered here too."""
 
 from __future__ import annotations
@@ -9,7 +9,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from lmtrain.study.gpu_bench import KIND, render_gpu
+from lmtrain.study.records import speed_tables
+from lmtrain.study.render import table_head, table_row
+from records.gpu_bench import KIND, render_gpu
 
 
 def render_bench(path: Path) -> str:
@@ -23,19 +25,19 @@ def render_bench(path: Path) -> str:
         return traffic_table(record)
     isolated = ", each cell in its own process" if "child" in str(record.get("peak_memory", "")) else ""
     lines = [
-        f"<!-- rendered by `python -m lmtrain.study --bench docs/bench/{path.name}` from that record: do not edit -->",
+        f"<!-- rendered by `python scripts/render_docs.py --bench docs/bench/{path.name}` from that record:"
+        " do not edit -->",
         f"Training throughput, `scripts/bench_train.py` ({path.name}): {record['rounds']} interleaved rounds of "
         f"{record['steps']} steps, {record['threads']} thread(s), device {record['device'] or 'auto'}, experiment "
         f"`{record['experiment']}`{isolated}; median of the rounds.",
         "",
     ]
-    corpora = record.get("corpora") or {record.get("data") or "default data": record}  # one corpus: a flat record
-    for corpus, data in corpora.items():
-        lines += [f"| {corpus}: output | tokens/s (median) | rounds | x full (same run) |", "|---|---|---|---|"]
+    for corpus, data in speed_tables(record).items():
+        lines += table_head([f"{corpus}: output", "tokens/s (median)", "rounds", "x full (same run)"])
         for name, speed in data["tokens_per_sec"].items():
             ratio = data["ratio_to_full"].get(name)
             shown = "—" if ratio is None else f"{ratio:.2f}"
-            lines.append(f"| {name} | {speed:,.0f} | {len(data['samples'][name])} | {shown} |")
+            lines.append(table_row([name, f"{speed:,.0f}", str(len(data["samples"][name])), shown]))
         lines.append("")
     return "\n".join(lines)
 
@@ -58,16 +60,15 @@ def launches_table(record: dict[str, Any]) -> str:
     lines = [
         f"<!-- written by `{record['command']}`: do not edit -->",
         "Operators that launch work / host syncs of one `train_step` (default model, batch 20 x 35, m = 100), "
-        "in a CPU's forms (`execution=cpu`: the kernel tree's walk, torch's adaptive module) and a GPU's "
-        "(`execution=gpu`: the fixed backend, adaptive's fixed shapes; counted on the CPU); in brackets the "
+        "in a CPU's step forms (`step_forms=cpu`: the kernel tree's walk, torch's adaptive module) and a GPU's "
+        "(`step_forms=gpu`: the fixed backend, adaptive's fixed shapes; counted on the CPU); in brackets the "
         "operators of the sampler's draw alone, part of the step's.",
         "",
-        "| " + " | ".join(head) + " |",
-        "|" + "|".join("---" for _ in head) + "|",
+        *table_head(head),
     ]
     for output in outputs:
         values = [cells.get((output, n, path), "") for n in sizes for path in ("cpu", "gpu")]
-        lines.append(f"| {output} | " + " | ".join(values) + " |")
+        lines.append(table_row([output, *values]))
     return "\n".join([*lines, "", *(f"- {line}" for line in record["budgets"])]) + "\n"
 
 
@@ -84,12 +85,11 @@ def traffic_table(record: dict[str, Any]) -> str:
     lines = [
         f"<!-- written by `{record['command']}`: do not edit -->",
         f"Modelled memory traffic of one `train_step` (default model, batch {record['batch']}, m = 100), GPU paths "
-        "(`execution=gpu`): GiB read and written at least / G multiply-adds of the products / operators that launch "
+        "(`step_forms=gpu`): GiB read and written at least / G multiply-adds of the products / operators that launch "
         "work / host syncs "
         "(`scripts/lab/traffic.py`).",
         "",
-        "| output | " + " | ".join(f"n = {n:,}" for n in sizes) + " |",
-        "|---|" + "---|" * len(sizes),
+        *table_head(["output", *(f"n = {n:,}" for n in sizes)]),
     ]
     cells = {(r["output"], r["n"]): r for r in record["rows"]}
     for output in record["outputs"]:
@@ -97,7 +97,7 @@ def traffic_table(record: dict[str, Any]) -> str:
         for n in sizes:
             r = cells.get((output, n))
             row.append("" if r is None else _traffic_cell(r))
-        lines.append("| " + " | ".join(row) + " |")
+        lines.append(table_row(row))
     lines.append("")
     for r in record["rows"]:
         sites = ", ".join(f"{s['op']} at {s['where']} {s['bytes'] / 2**30:.2f}" for s in r["top"])

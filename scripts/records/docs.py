@@ -1,6 +1,6 @@
 """Study tables inside a markdown page: a block ``<!-- study:NAME -->`` ... ``<!-- /study:NAME -->`` holds the
 rendered ``table.md`` of study NAME (``bench:NAME``: the rendered docs/bench/NAME.md of a benchmark record;
-``summary:answer``: the answer table of ``lmtrain.study.summary``; ``survey:NAME``: study NAME's survey.md), so that
+``summary:answer``: the answer table of ``records.summary``; ``survey:NAME``: study NAME's survey.md), so that
 the prose of docs/results.md quotes rendered tables, never copies."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from lmtrain.study.summary import render_summary
+from records.summary import render_summary
 
 BLOCK = re.compile(
     r"(<!-- (?P<kind>study|bench|summary|survey):(?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /(?P=kind):(?P=name) -->)",
@@ -45,5 +45,5 @@ def fill_page(page: Path, root: Path) -> bool:
 def stale_page(page: Path, root: Path) -> str | None:
     """None when every study block of ``page`` holds its current table, else what to run."""
     if page.is_file() and filled(page.read_text(), root) != page.read_text():
-        return f"{page} quotes study tables that differ from their rendering: run python -m lmtrain.study --docs"
+        return f"{page} quotes study tables that differ from their rendering: run python scripts/render_docs.py"
     return None

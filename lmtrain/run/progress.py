@@ -20,7 +20,7 @@ from lightning.pytorch.callbacks import Timer, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm, convert_inf
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from lmtrain.training.callbacks import TrainingTimeLimit, metric_text
+from lmtrain.run.callbacks import TrainingTimeLimit, metric_text
 
 LINES_PER_RUN = 20  # without a terminal: a progress line about every 1/20 of the run's steps
 LINES_UNKNOWN_TOTAL = 200  # ... and every this many steps when the run has no step limit

@@ -3,13 +3,15 @@
 A record holds one cell per strategy x corpus x precision, each with its tokens/s per round (the median is the
 figure), its peak GPU memory and a status (``ok``, ``oom``, ``error``, ``skipped``, with the reason), the
 result of the CUDA tests and the device it ran on. ``checks`` states the goals on those cells; ``render_gpu`` is
-the markdown table that ``python -m lmtrain.study --bench`` writes beside the record (and ``--check`` compares).
+the markdown table that ``python scripts/render_docs.py`` writes beside the record (and ``--check`` compares).
 """
 
 from __future__ import annotations
 
 import statistics
 from typing import Any
+
+from lmtrain.study.render import table_head, table_row
 
 KIND = "bench_gpu"
 PLAIN = "plain loop"  # the hand-written PyTorch loop's cells
@@ -82,7 +84,7 @@ def render_gpu(name: str, record: dict[str, Any]) -> str:
     cells, precisions = lookup(record), settings["precisions"]
     kind = " **Smoke run (`--quick`): not a measurement.**" if record.get("quick") else ""
     lines = [
-        f"<!-- rendered by `python -m lmtrain.study --bench docs/bench/{name}` from that record: do not edit -->",
+        f"<!-- rendered by `python scripts/render_docs.py --bench docs/bench/{name}` from that record: do not edit -->",
         f"GPU benchmark, `scripts/bench_gpu.py` ({name}) on {env['device']} (torch {env['torch']}, CUDA "
         f"{env.get('cuda') or '—'}), commit {record['commit']}: {settings['rounds']} interleaved round(s) of at most "
         f"{settings['steps']} steps ({settings['warmup']} warm-up), each cell at most {settings['cell_seconds']:g} s "
@@ -102,13 +104,13 @@ def render_gpu(name: str, record: dict[str, Any]) -> str:
         for precision in precisions:
             shown = PRECISION_NAMES.get(precision, precision)
             head += [f"{shown} tokens/s", "x full", "peak GiB"]
-        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += table_head(head)
         for strategy in strategies:
             row = [strategy]
             for precision in precisions:
                 full = median(cells.get((corpus, precision, "full"), {"tokens_per_sec": []}))
                 row += _cell_columns(cells.get((corpus, precision, strategy)), full, settings["rounds"])
-            lines.append("| " + " | ".join(row) + " |")
+            lines.append(table_row(row))
         lines.append("")
     lines += ["Goals:", ""]
     for check in checks(record):  # from the cells, by today's goals (a record's own "checks" are as it was written)

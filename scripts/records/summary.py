@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lmtrain.study.records import read_records
-from lmtrain.study.render import cell_stats
+from lmtrain.study.records import read_records, speed_tables
+from lmtrain.study.render import cell_stats, table_head, table_row
 from lmtrain.study.spec import find_spec
 from lmtrain.study.stats import CellStats, relative, verdict
 
@@ -88,15 +88,15 @@ def render_summary(root: Path) -> str:
         records = read_records(root / name / "records.jsonl")
         studies[name] = (cell_stats(find_spec(name), records, "test/ppl"), records)
     speed_file = root.parent / "bench" / SPEED
-    speed = json.loads(speed_file.read_text())["corpora"]["ptb"]["ratio_to_full"] if speed_file.is_file() else {}
+    speed = speed_tables(json.loads(speed_file.read_text()))["ptb"]["ratio_to_full"] if speed_file.is_file() else {}
     header = ["output", *(c.header for c in COLUMNS), "tokens/s x full, 20 x 20, CPU (`precision_cpu`)"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines = table_head(header)
     for s in strategies:
         row = [s]
         for column in COLUMNS:
             row.append(_cell(_pick(column, s, studies), _pick(column, "full", studies)))
         row.append(f"{speed[s]:.2f}" if s in speed else "—")
-        lines.append("| " + " | ".join(row) + " |")
+        lines.append(table_row(row))
     lines += [
         "",
         "Test perplexity after 1,000 PTB steps, mean ± sd over 3 seeds; in brackets: against the full softmax's cell"

@@ -1,4 +1,5 @@
-"""Checkpoint files: atomic writes, safe reads, `ckpt_path=last` resolution, and readable errors for bad files.
+"""Checkpoint files: atomic writes, safe reads, the check that a checkpoint fits this run, readable errors for bad
+files, and ``init_from`` (a fresh fit from another run's weights). Which checkpoint a run resumes: ``ckpt_path.py``.
 
 Every checkpoint is read with ``torch.load(weights_only=True)``: only tensors, numbers, strings and containers are
 rebuilt, so a file from elsewhere cannot run code when it is loaded. lmtrain's checkpoints, also those older versions
@@ -8,6 +9,7 @@ wrote, hold nothing else, so no extra types are allowed.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import pickle
 import re
@@ -15,13 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from hydra.utils import get_class
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from lmtrain.run_folder.ckpt_path import CheckpointError
 
-class CheckpointError(ValueError):
-    """A checkpoint that is missing, unreadable, or from an incompatible run."""
+log = logging.getLogger("lmtrain")
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -133,31 +134,19 @@ def option_defaults(target: Any) -> dict[str, Any]:
     return {f.name: f.default for f in fields if f.default is not dataclasses.MISSING}
 
 
-def find_last(run_dir: Path, search_root: Path, overrides: list[str]) -> Path:
-    """`ckpt_path=last`: this run folder's last.ckpt, else the newest earlier run with the same overrides."""
-    own = run_dir / "checkpoints" / "last.ckpt"
-    if own.is_file():
-        return own
-    found = newest_last(search_root, overrides)
-    if found is None:
-        wanted = run_overrides(overrides)
-        raise CheckpointError(
-            f"ckpt_path=last: no last.ckpt in {run_dir} nor in any run under {search_root} with the overrides "
-            f"{wanted}; pass ckpt_path=PATH/TO/last.ckpt"
-        )
-    return found
-
-
-def run_overrides(overrides: list[str]) -> list[str]:
-    """The overrides that define a run (sorted): neither ``ckpt_path`` nor Hydra's own."""
-    return sorted(o for o in overrides if not o.lstrip("+~").startswith(("ckpt_path=", "hydra.")))
-
-
-def newest_last(search_root: Path, overrides: list[str]) -> Path | None:
-    """The newest last.ckpt under ``search_root`` whose run had the same ``overrides`` (its .hydra/overrides.yaml)."""
-    wanted, candidates = run_overrides(overrides), []
-    for ckpt in search_root.glob("**/checkpoints/last.ckpt"):
-        saved = ckpt.parent.parent / ".hydra" / "overrides.yaml"
-        if saved.is_file() and run_overrides(yaml.safe_load(saved.read_text()) or []) == wanted:
-            candidates.append(ckpt)
-    return max(candidates, key=lambda p: p.stat().st_mtime) if candidates else None
+def load_initial_weights(path: Path, module: Any) -> None:
+    """``init_from``: ``module`` takes the weights of the checkpoint at ``path`` (its ``state_dict``: the averaged
+    weights of a run that averaged), of the same vocabulary, output strategy and weight shapes (options that shape
+    no weight, e.g. dropout, may differ); nothing else of that run is taken."""
+    kept = {key: module.signature[key] for key in ("num_classes", "output") if key in module.signature}
+    try:
+        saved = read_checkpoint(path)
+        check_compatible(saved, kept, path)
+    except CheckpointError as exc:
+        raise CheckpointError(str(exc).replace("ckpt_path", "init_from", 1)) from None
+    try:
+        module.load_state_dict(saved["state_dict"])
+    except RuntimeError as exc:  # a missing or unexpected key, another shape
+        detail = " ".join(str(exc).split())[:300]
+        raise CheckpointError(f"init_from {path}: its weights do not fit this model ({detail})") from None
+    log.info("starting from the weights of %s", path)

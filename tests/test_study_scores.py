@@ -1,0 +1,193 @@
+"""Scoring studies (lmtrain.study.scores): score's modes over another study's trained runs, one record per (run,
+mode), resumed, and the table of means and gains rendered from the records alone."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import statistics
+
+import pytest
+import yaml
+
+from lmtrain.output.cache import LAMBDAS, THETAS
+from lmtrain.study.__main__ import main as study_main
+from lmtrain.study.records import append_record, build_record, read_records
+from lmtrain.study.runner import training_folder
+from lmtrain.study.scores_render import render_scores_table
+from lmtrain.study.scores_spec import find_scores, load_scores, package_scores, parse_scores
+from lmtrain.study.spec import StudyError, find_spec, load_spec
+from tests.conftest import TINY, make_config
+
+SMALL = ["data.train_tokens=6000", "data.valid_tokens=600", "data.test_tokens=600", "data.eval_batch_size=1"]
+SOURCE = {  # the training study whose runs are scored: one cell, seeds 1 and 2 trained, seed 3 recorded without folder
+    "description": "tiny",
+    "overrides": [*[o for o in TINY if not o.startswith("data.")], *SMALL, "trainer.max_steps=8"],
+    "grid": [{"output": ["full"]}],
+    "seeds": [1, 2, 3],
+}
+MODES = {
+    "plain": [],
+    "cache": ["cache=true", "cache.window=20"],
+    "dynamic": ["dynamic=true", "dynamic.stat_batches=2", "dynamic.stat_batch=4"],
+    "both": ["cache=true", "cache.window=20", "dynamic=true", "dynamic.stat_batches=2", "dynamic.stat_batch=4"],
+}
+
+
+def table_rows(table: str) -> dict[str, dict[str, str]]:
+    """The markdown table's rows by their first cell, each a mapping header -> cell."""
+    lines = [line for line in table.splitlines() if line.startswith("|")]
+    header = [h.strip() for h in lines[0].strip("|").split("|")]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+    return {row[0]: dict(zip(header, row, strict=True)) for row in rows}
+
+
+def mean_sd(values: list[float]) -> list[float]:
+    """The mean and sd over seeds, written out."""
+    return [statistics.fmean(values), statistics.stdev(values)]
+
+
+def numbers(cell: str) -> list[float]:
+    """'1,234.5 ± 6.7' -> [1234.5, 6.7]; '-3.2 ± 0.4%' -> [-3.2, 0.4]."""
+    return [float(n.replace(",", "")) for n in re.findall(r"[-+]?\d[\d,]*\.?\d*", cell)]
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    """A tiny source study: its YAML, records (seeds 1 and 2 trained in-process, seed 3 without a folder), runs."""
+    from lmtrain.run.run import train
+
+    base = tmp_path_factory.mktemp("scores")
+    path = base / "src.yaml"
+    path.write_text(yaml.safe_dump(SOURCE))
+    spec, root, runs = load_spec(path), base / "docs", base / "runs"
+    for run in spec.runs():
+        folder = training_folder(spec, run, runs)
+        if run.seed < 3:
+            train(make_config([*spec.overrides, *run.cell.overrides(), f"seed={run.seed}", f"run_dir={folder}"]))
+            record = build_record(spec.name, run, folder, 1, 1.0, None, {"commit": "abc1234", "dirty": False})
+        else:  # recorded, but its folder is gone: reported with its training command, not scored
+            record = {"key": run.key, "status": "ok", "config": {"run_dir": str(folder)}}
+        append_record(root / spec.name / "records.jsonl", record)
+    return path, root, runs
+
+
+def test_a_scoring_study_records_each_run_and_mode_once_and_resumes(source, tmp_path, capsys):
+    path, root, runs = source
+    study = tmp_path / "extras.yaml"
+    declared = {"study": str(path), "cells": "output=*", "modes": MODES, "overrides": ["device=cpu", "threads=1"]}
+    scores = {**declared, "reference": "output=full"}
+    study.write_text(yaml.safe_dump({"description": "tiny extras", "scores": scores}, sort_keys=False))  # in order
+    args = [str(study), "--root", str(root), "--runs", str(runs)]
+    assert study_main(args) == 0
+    out = capsys.readouterr().out
+    assert "output=full,seed=3: no run folder" in out and "train it: python -m lmtrain" in out and "seed=3" in out
+    records = read_records(root / "extras" / "records.jsonl")
+    assert sorted(r["key"] for r in records) == sorted(f"output=full,seed={s},mode={m}" for s in (1, 2) for m in MODES)
+    by = {(r["seed"], r["mode"]): r for r in records}
+    for seed in (1, 2):
+        plain = by[seed, "plain"]
+        # the test split of the run's own checkpoint: its test (eval_batch_size=1) is the same stream and number
+        assert plain["status"] == "ok" and plain["ppl"] == pytest.approx(plain["trained_test_ppl"], rel=1e-5)
+        assert plain["tokens"] == 599 and plain["settings"] == {"cache": None, "dynamic": None}
+        cache = by[seed, "cache"]["settings"]["cache"]
+        assert cache["window"] == 20 and cache["theta"] in THETAS and cache["lam"] in LAMBDAS
+        assert sorted(cache["searched"]) == ["lambda", "theta"]
+        assert by[seed, "dynamic"]["settings"]["dynamic"]["stat_batches"] == 2
+        assert by[seed, "both"]["settings"]["cache"] is not None and by[seed, "both"]["settings"]["dynamic"]
+        assert by[seed, "dynamic"]["seconds_per_1k_tokens"] > 0 and by[seed, "plain"]["seconds_per_1k_tokens"] is None
+        assert len({by[seed, m]["ppl"] for m in MODES}) == 4  # every mode changes the number
+        assert by[seed, "both"]["overrides"] == ["device=cpu", "threads=1", *MODES["both"]]
+        assert by[seed, "plain"]["cell"] == {"output": "full"} and by[seed, "plain"]["source"]["key"][-1] == str(seed)
+
+    # resumed: nothing left; a record lost (a kill while it was written) is the one scored again
+    assert study_main(args) == 0 and "0 (run, mode) pairs to score" in capsys.readouterr().out
+    lines = (root / "extras" / "records.jsonl").read_text().splitlines()
+    kept = [line for line in lines if '"output=full,seed=2,mode=cache"' not in line]
+    (root / "extras" / "records.jsonl").write_text("\n".join(kept) + "\n")
+    assert study_main(args) == 0 and "1 (run, mode) pairs to score" in capsys.readouterr().out
+    assert len(read_records(root / "extras" / "records.jsonl")) == 8
+
+    # the table: each mode's mean ± sd over the two seeds, each gain the mean of the seeds' own gains
+    records = read_records(root / "extras" / "records.jsonl")
+    by = {(r["seed"], r["mode"]): r for r in records}
+    row = table_rows((root / "extras" / "table.md").read_text())["full"]
+    assert row["seeds"] == "2" and row["gain vs full's"] == "reference"
+    for mode in MODES:
+        ppls = [by[s, mode]["ppl"] for s in (1, 2)]
+        assert numbers(row[f"{mode} ppl"]) == pytest.approx(mean_sd(ppls), abs=0.051)
+    for mode in ("cache", "dynamic", "both"):
+        gains = [100 * (by[s, mode]["ppl"] / by[s, "plain"]["ppl"] - 1) for s in (1, 2)]
+        assert numbers(row[f"{mode} gain"]) == pytest.approx(mean_sd(gains), abs=0.051)
+    assert (root / "extras" / "plot.png").stat().st_size > 0
+
+
+def fake(cell: str, seed: int, mode: str, ppl: float | None) -> dict:
+    return {
+        "key": f"output={cell},seed={seed},mode={mode}",
+        "cell": {"output": cell},
+        "seed": seed,
+        "mode": mode,
+        "status": "ok" if ppl is not None else "failed",
+        "ppl": ppl,
+        "seconds_per_1k_tokens": None if mode == "plain" else 2.0 + seed,
+        "device": "cpu",
+        "threads": 1,
+        "commit": "abc1234",
+    }
+
+
+def test_the_table_is_the_seed_means_and_gains_with_the_rule_against_the_reference(tmp_path):
+    """Written-out numbers: the means and sds over seeds, gains per seed averaged (not the ratio of the means), and
+    'larger' / 'tied' by twice the pooled sd of the seed gains; rows in the source study's order."""
+    source = tmp_path / "src.yaml"
+    source.write_text(yaml.safe_dump({"grid": [{"output": ["full", "rff", "nce", "hsm"]}], "seeds": [1, 2, 3]}))
+    spec = parse_scores("x", {"scores": {"study": str(source), "modes": {"plain": [], "cache": ["cache=true"]},
+                                         "reference": "output=full", "speed": True}})  # fmt: skip
+    plain = {"full": [100.0, 200.0, 300.0], "rff": [100.0, 120.0, 140.0], "nce": [50.0, 60.0, 700.0]}
+    cache = {"full": [90.0, 180.0, 270.0], "rff": [80.0, 96.0, 112.0], "nce": [45.5, 54.0, 630.0]}
+    records = [fake(c, s + 1, "plain", plain[c][s]) for c in plain for s in range(3)]
+    records += [fake(c, s + 1, "cache", cache[c][s]) for c in cache for s in range(3)]
+    records += [fake("hsm", 1, "plain", 400.0), fake("hsm", 1, "cache", None)]
+    rows = table_rows(render_scores_table(spec, list(reversed(records))))
+    assert list(rows) == ["full", "rff", "nce", "hsm"]
+    for cell in plain:
+        assert numbers(rows[cell]["plain ppl"]) == pytest.approx(mean_sd(plain[cell]), abs=0.051)
+        gains = [100 * (c / p - 1) for p, c in zip(plain[cell], cache[cell], strict=True)]
+        assert numbers(rows[cell]["cache gain"]) == pytest.approx(mean_sd(gains), abs=0.051)
+    assert numbers(rows["rff"]["cache s / 1k tokens"]) == pytest.approx([4.0, 1.0]) and rows["rff"]["seeds"] == "3"
+    assert rows["rff"]["plain s / 1k tokens"] == "—"
+    # full: -10% +- 0 at every seed; rff: -20% +- 0 (larger); nce: -9%, -10%, -10% (within twice the pooled sd)
+    assert rows["full"]["gain vs full's"] == "reference"
+    assert rows["rff"]["gain vs full's"] == "cache larger" and rows["nce"]["gain vs full's"] == "cache tied"
+    assert rows["hsm"]["cache ppl"] == "— (1 failed)" and rows["hsm"]["gain vs full's"] == "cache too few seeds"
+
+
+@pytest.mark.parametrize(
+    ("scores", "message"),
+    [
+        ({"modes": {"plain": []}}, "scores.study names the training study"),
+        ({"study": "survey", "modes": {"plain": []}, "cell": "x"}, "unknown key scores.cell"),
+        ({"study": "survey", "modes": {"a": ["file=x.txt"]}}, "sets 'file=x.txt'"),
+        ({"study": "survey", "modes": {"a": ["cache"]}}, "KEY=VALUE"),
+        ({"study": "survey"}, "scores.modes maps"),
+    ],
+)
+def test_bad_declarations_name_the_key(scores, message):
+    with pytest.raises(StudyError, match=message):
+        parse_scores("bad", {"scores": scores})
+
+
+def test_the_package_scoring_studies_score_runs_of_their_source_study():
+    """extras_ptb and extras_wt2 parse, each glob names cells of the survey, the reference is one of them; and they
+    stay out of the training studies (python -m lmtrain.study list, --check)."""
+    from lmtrain.study.spec import package_studies
+
+    assert {"extras_ptb", "extras_wt2"} <= set(package_scores()) and not set(package_scores()) & set(package_studies())
+    for name in ("extras_ptb", "extras_wt2"):
+        spec = load_scores(package_scores()[name])
+        assert find_scores(name) == spec
+        labels = [cell.label for cell in spec.source_spec().cells]
+        assert all(any(fnmatch.fnmatchcase(label, glob) for label in labels) for glob in spec.cells)
+        assert spec.reference in labels and spec.matches(spec.reference)
+    assert find_scores("survey") is None and find_spec("survey").runs()
