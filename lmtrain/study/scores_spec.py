@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from lmtrain import CONF_DIR
-from lmtrain.study.spec import StudyError, StudySpec, find_spec
+from lmtrain.study.spec import StudyError, StudySpec, find_spec, read_study_file
 
 KNOWN = ("study", "cells", "modes", "overrides", "reference", "speed")
 PATH_ARGS = ("ckpt_path", "file", "out")  # score's arguments a scoring study sets itself, per run
@@ -124,13 +124,7 @@ def parse_scores(name: str, data: dict[str, Any], source: Path | None = None) ->
 
 def load_scores(path: Path) -> ScoreSpec:
     """A scoring study from its YAML file; the file name (without .yaml) is its name."""
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as err:
-        raise StudyError(f"cannot read study {path}: {err}") from err
-    if not isinstance(data, dict):
-        raise StudyError(f"study {path} must be a YAML mapping")
-    return parse_scores(path.stem, data, path)
+    return parse_scores(path.stem, read_study_file(path), path)
 
 
 def package_scores() -> dict[str, Path]:

@@ -188,15 +188,20 @@ def _seeds(seeds: Any, where: str) -> list[int]:
     return seeds
 
 
-def load_spec(path: Path) -> StudySpec:
-    """A study from its YAML file; the file name (without .yaml) is its name."""
+def read_study_file(path: Path) -> dict[str, Any]:
+    """A study file's YAML mapping (a training or a scoring study); one line naming the file when it is not one."""
     try:
         data = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as err:
         raise StudyError(f"cannot read study {path}: {err}") from err
     if not isinstance(data, dict):
         raise StudyError(f"study {path} must be a YAML mapping")
-    return parse_spec(path.stem, data, path)
+    return data
+
+
+def load_spec(path: Path) -> StudySpec:
+    """A study from its YAML file; the file name (without .yaml) is its name."""
+    return parse_spec(path.stem, read_study_file(path), path)
 
 
 def package_studies() -> dict[str, Path]:
