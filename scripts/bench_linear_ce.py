@@ -7,13 +7,15 @@ cross-entropy beside torch's ``F.linear_cross_entropy`` (chunked) and the dense 
 The inputs are those of ``output=full``'s loss at a batch of 20 x 35: hidden (N, d) = (700, 200) requiring grad,
 weight (n, d) and bias (n,) (leaves requiring grad, as the layer's parameters) and N targets. The variants:
 
-- ``lmtrain``: ``chunked_softmax_nll(...).mean()`` at the vocabulary chunk ``output=full`` picks by default on a
-  CPU (``FullSoftmax.loss_chunk``: the most classes whose (N, chunk) float32 logits fit ``logits_mib``);
+- ``lmtrain``: the hand-written form, ``chunked_softmax_nll(...).mean()``, at the vocabulary chunk ``output=full``
+  picks by default on a CPU (``FullSoftmax.loss_chunk``: the most classes whose (N, chunk) float32 logits fit
+  ``logits_mib``);
 - ``torch_auto``: ``F.linear_cross_entropy(..., options=LinearCrossEntropyOptions())``, torch's defaults (it
   chunks the batch rows, not the classes: each chunk's logits are (rows, n));
 - ``torch_aspect``: ``chunking_method="aspect_ratio"`` (rows whose (rows, n) logits match the (N, d) input);
 - ``torch_budget``: ``batch_chunk_size`` = the rows whose (rows, n) float32 logits fit lmtrain's ``logits_mib``,
-  the same logits memory as lmtrain's chunk; ``--torch-rows 128,700`` adds ``torch_rows:R`` variants;
+  the same logits memory as lmtrain's chunk (``budget_rows``: the form ``exact_softmax_nll`` trains with where
+  ``takes_torch_linear_ce`` takes torch's op); ``--torch-rows 128,700`` adds ``torch_rows:R`` variants;
 - ``dense``: ``F.cross_entropy(F.linear(...))`` where its (N, n) float32 logits take at most ``--dense-max-mib``
   (its peak is about three times that).
 A torch variant whose resolved settings equal an earlier one's at a size is left out there (noted in the table).
@@ -60,7 +62,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lmtrain.output.chunked_softmax import chunked_softmax_nll, fitting_chunk
+from lmtrain.output.chunked_softmax import budget_rows, chunked_softmax_nll
 from lmtrain.output.full import FullSoftmax
 from lmtrain.process.memory import reuse_freed_memory
 
@@ -84,10 +86,10 @@ def lmtrain_chunk(num_classes: int, dim: int, positions: int) -> int:
     return default_layer(num_classes, dim).loss_chunk(positions, torch.device("cpu"))
 
 
-def budget_rows(num_classes: int, dim: int) -> int:
-    """Batch rows whose (rows, n) float32 logits fit the CPU budget ``output=full`` gives its (N, chunk) logits:
-    ``fitting_chunk`` with the roles of rows and classes swapped."""
-    return fitting_chunk(default_layer(num_classes, dim).logits_mib, num_classes)
+def cpu_budget_rows(num_classes: int, dim: int) -> int:
+    """Batch rows whose (rows, n) float32 logits fit the CPU budget ``output=full`` gives its (N, chunk) logits: the
+    rows lmtrain's ``exact_softmax_nll`` gives torch's op (``budget_rows``)."""
+    return budget_rows(default_layer(num_classes, dim).logits_mib, num_classes)
 
 
 def torch_options(variant: str, num_classes: int, dim: int) -> Any:
@@ -98,7 +100,7 @@ def torch_options(variant: str, num_classes: int, dim: int) -> Any:
     if variant == "torch_aspect":
         return options(chunking_method="aspect_ratio")
     if variant == "torch_budget":
-        return options(batch_chunk_size=budget_rows(num_classes, dim))
+        return options(batch_chunk_size=cpu_budget_rows(num_classes, dim))
     if variant.startswith("torch_rows:"):
         return options(batch_chunk_size=int(variant.split(":", 1)[1]))
     raise ValueError(f"unknown torch variant {variant!r}")

@@ -130,7 +130,7 @@ def make_step(name: str, n: int, args: argparse.Namespace) -> Callable[[], None]
     hidden = (0.1 * torch.randn(args.positions, args.dim, generator=gen)).requires_grad_()  # (N, d)
     if name == PLAIN:
         return plain_step(n, args.dim, args.num_samples, hidden, target, args.lr)
-    from lmtrain.training.build import build_output
+    from lmtrain.run.build import build_output
 
     output = build_output(compose_output(name, tuple(args.override), args.num_samples), n, args.dim, counts)
     return lmtrain_step(output, hidden, target, args.optim, args.lr)

@@ -33,7 +33,7 @@ from bench_train import data_overrides, labelled
 from torch import Tensor
 
 from lmtrain.config import compose_config
-from lmtrain.training.build import build_model
+from lmtrain.run.build import build_model
 from lmtrain.training.step import carry
 
 

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_output import compose_output, lmtrain_step, zipf_counts  # noqa: E402  (this folder's module)
 from lab.provenance import write_record  # noqa: E402
 
-from lmtrain.training.build import build_output  # noqa: E402
+from lmtrain.run.build import build_output  # noqa: E402
 
 
 def variants(alpha: float, fractions: list[float]) -> dict[str, tuple[str, ...]]:

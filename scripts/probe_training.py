@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from lmtrain.config import compose_config
-from lmtrain.training.build import build_model
+from lmtrain.run.build import build_model
 from lmtrain.training.step import Window, evaluate, train_step
 
 

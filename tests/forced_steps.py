@@ -15,8 +15,8 @@ from omegaconf import DictConfig, OmegaConf
 from lmtrain.config import compose_config
 from lmtrain.output.base import OutputLayer
 from lmtrain.output.sampled.base import Drawn
+from lmtrain.run.build import build_module
 from lmtrain.sampler.proposal import Proposal
-from lmtrain.training.build import build_module
 from lmtrain.training.module import LanguageModel
 from lmtrain.training.step import train_step
 from tests.test_output_contract import OUTPUTS, output_has_samples

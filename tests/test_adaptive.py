@@ -8,7 +8,7 @@ import torch
 from lmtrain.config import ConfigError, compose_config
 from lmtrain.output import AdaptiveSoftmax
 from lmtrain.output.adaptive import derive_cutoffs, max_clusters
-from lmtrain.training.build import build_output
+from lmtrain.run.build import build_output
 from tests.conftest import make_config
 
 

@@ -14,8 +14,8 @@ from lab.launches import DispatchCounter
 
 from lmtrain.config import ConfigError, compose_config
 from lmtrain.output.sampled import SampledSoftmax
+from lmtrain.run.build import build_module, build_output
 from lmtrain.sampler.adaptive_ngram import AdaptiveNgramSampler
-from lmtrain.training.build import build_module, build_output
 from tests.power import ALPHA, chi_square_pvalue, draws_for
 from tests.test_bigram import LAST, UNSEEN, N, markov_stream
 

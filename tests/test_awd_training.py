@@ -19,10 +19,10 @@ from lmtrain.data.batching import batchify
 from lmtrain.data.datamodule import SyntheticDataModule
 from lmtrain.data.options import BatchOptions
 from lmtrain.data.window_lengths import window_lengths
+from lmtrain.run.build import build_model
 from lmtrain.run.run import train
 from lmtrain.run_folder.ckpt_path import CheckpointError
 from lmtrain.training.averaging import WeightAverage
-from lmtrain.training.build import build_model
 from lmtrain.training.step import evaluate
 from tests.helpers import SimulatedCrash
 

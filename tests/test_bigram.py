@@ -12,8 +12,8 @@ from hydra.errors import InstantiationException
 from lab.launches import DispatchCounter
 
 from lmtrain.output import NCE, SampledSoftmax
+from lmtrain.run.build import build_output
 from lmtrain.sampler import BigramSampler
-from lmtrain.training.build import build_output
 from tests.conftest import make_config
 from tests.helpers import draw_negatives, log_q_from, sample_from
 from tests.test_samplers import chi_square, chi_square_critical

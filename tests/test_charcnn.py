@@ -16,9 +16,9 @@ from omegaconf import OmegaConf
 from lmtrain.cli.failures import root_cause
 from lmtrain.config import ConfigError, choices, compose_config
 from lmtrain.output.charcnn import BEGIN, END, PAD, CharCNNSoftmax, spellings
+from lmtrain.run.build import build_output
 from lmtrain.sampler import Sampler, UniformSampler, UnigramSampler
 from lmtrain.sampler.proposal import Draws
-from lmtrain.training.build import build_output
 from tests.cli_runs import TINY, run_cli
 from tests.test_score import module_ppl
 

@@ -21,7 +21,7 @@ from lmtrain.config import compose_config
 from lmtrain.model import weight_drop
 from lmtrain.model.weight_drop import run_lstm
 from lmtrain.output.sampled.base import SampledOutput
-from lmtrain.training.build import build_output
+from lmtrain.run.build import build_output
 from tests.forced_steps import CASE_IDS, CASES, assert_same_steps, config, two_steps
 from tests.helpers import draw_negatives, sample_from
 

@@ -10,8 +10,8 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from lmtrain.run.build import Runtime, build, build_output
 from lmtrain.run_folder.checkpoints import read_checkpoint
-from lmtrain.training.build import Runtime, build, build_output
 from lmtrain.training.module import LanguageModel
 from tests.cli_runs import (
     DDP,

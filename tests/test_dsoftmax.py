@@ -11,7 +11,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from lmtrain.config import ConfigError, compose_config
 from lmtrain.output.dsoftmax import DifferentiatedSoftmax, block_layout, cost_ratio
 from lmtrain.output.full import FullSoftmax
-from lmtrain.training.build import build_output
+from lmtrain.run.build import build_output
 from tests.cli_runs import TINY, run_cli
 from tests.command_line import refusal
 

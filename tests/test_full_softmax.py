@@ -167,3 +167,120 @@ def test_the_config_carries_the_rule_and_refuses_a_negative_chunk():
         make_config(["output=full", "output.train_chunk=-1"])
     with pytest.raises(ConfigError, match=r"output\.gpu_logits_fraction must be < 1"):
         make_config(["output=full", "output.gpu_logits_fraction=1.5"])
+
+
+# exact_softmax_nll's two forms on a tiny case: 37 classes of 8 (a weight of 37 x 8 x 4 = 1,184 bytes) at 23
+# positions, whose dense logits (3,404 bytes) fit neither budget. The first holds the weight-sized buffer: torch's
+# op, row chunks of 13 (two chunks); the second does not: the hand-written form, chunks of 10 classes (four)
+TORCH_BUDGET, HAND_BUDGET = 2048 / 2**20, 1000 / 2**20
+FORMS = {"torch": TORCH_BUDGET, "hand-written": HAND_BUDGET}
+needs_torch_op = pytest.mark.skipif(not chunked_softmax.HAS_TORCH_LINEAR_CE, reason="torch has no linear_cross_entropy")
+
+
+def written_out_nll(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, target: torch.Tensor):
+    """(N,) -log softmax(h W^T + b)[t] from the dense logits, in the inputs' dtype."""
+    logits = hidden @ weight.T + (0.0 if bias is None else bias)  # (N, n)
+    return -torch.log_softmax(logits, dim=1).gather(1, target[:, None])[:, 0]
+
+
+@needs_torch_op
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("form", list(FORMS))
+def test_both_forms_give_the_dense_nll_and_gradients_in_float64(form, with_bias, reduction):
+    torch.manual_seed(0)
+    hidden, weight = torch.randn(23, 8, dtype=torch.float64), torch.randn(37, 8, dtype=torch.float64) * 2
+    bias = torch.randn(37, dtype=torch.float64) * 3 if with_bias else None
+    target = torch.tensor([3, 3, 3, 36, 0, 4, 5, 35, 36, 3] + [7] * 13)  # repeats, first and last ids
+    # a non-uniform upstream gradient per row, or a scale of the reduced loss: the gradients must carry it
+    upstream = torch.rand(23, dtype=torch.float64) + 0.5 if reduction == "none" else torch.tensor(3.0).double()
+    reduce = {"none": lambda x: x, "mean": torch.mean, "sum": torch.sum}[reduction]
+    assert chunked_softmax.takes_torch_linear_ce(hidden, weight, FORMS[form]) == (form == "torch")
+    found = []
+    for loss in (
+        lambda h, w, b: reduce(written_out_nll(h, w, b, target)),
+        lambda h, w, b: chunked_softmax.exact_softmax_nll(h, w, b, target, FORMS[form], reduction=reduction),
+    ):
+        leaves = [x.clone().requires_grad_() if x is not None else None for x in (hidden, weight, bias)]
+        value = loss(*leaves)
+        (value * upstream).sum().backward()
+        found.append([value.detach(), *(x.grad for x in leaves if x is not None)])
+    want, got = found
+    assert got[0].shape == want[0].shape == ((23,) if reduction == "none" else ())
+    for w, g in zip(want, got, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+
+
+@needs_torch_op
+def test_the_rule_takes_torchs_op_only_where_its_weight_buffer_fits_and_products_are_float32_or_wider():
+    """docs/bench/linear_ce_cpu.json: torch's op holds one more weight-sized float32 buffer and returns a bfloat16
+    input's loss in bfloat16; those cases keep the hand-written form."""
+    takes = chunked_softmax.takes_torch_linear_ce
+    hidden, weight = torch.randn(23, 8), torch.randn(37, 8)
+    assert takes(hidden, weight, TORCH_BUDGET) and takes(hidden.double(), weight.double(), TORCH_BUDGET)
+    assert takes(hidden, weight, 37 * 8 * 4 / 2**20)  # the buffer exactly fits
+    assert not takes(hidden, weight, (37 * 8 * 4 - 1) / 2**20)  # a byte short
+    assert not takes(hidden, weight, TORCH_BUDGET, chunk=5)  # a fixed vocabulary chunk (output.train_chunk)
+    assert not takes(hidden.bfloat16(), weight.bfloat16(), TORCH_BUDGET)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not takes(hidden, weight, TORCH_BUDGET)  # float32 inputs, bfloat16 products
+    # the record's shapes at output=full's CPU budget (128 MiB): a 10^5 x 200 weight (76 MiB) takes torch's op,
+    # a 10^6 x 200 one (763 MiB) the hand-written chunks
+    meta = torch.empty(700, 200, device="meta")
+    assert takes(meta, torch.empty(10**5, 200, device="meta"), 128.0)
+    assert not takes(meta, torch.empty(10**6, 200, device="meta"), 128.0)
+    assert chunked_softmax.budget_rows(128.0, 10**5) == 335  # the record's torch_budget rows at 10^5 classes
+
+
+def spied_forms(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """The forms exact_softmax_nll runs, in call order, each with its chunk: torch's rows, the hand-written classes."""
+    calls: list[tuple[str, int]] = []
+    torch_op, hand = F.linear_cross_entropy, chunked_softmax.chunked_softmax_nll
+
+    def spied_torch_op(*args, **kwargs):
+        calls.append(("torch", kwargs["options"].batch_chunk_size))
+        return torch_op(*args, **kwargs)
+
+    def spied_hand(*args):
+        calls.append(("hand-written", args[4]))
+        return hand(*args)
+
+    monkeypatch.setattr(F, "linear_cross_entropy", spied_torch_op)
+    monkeypatch.setattr(chunked_softmax, "chunked_softmax_nll", spied_hand)
+    return calls
+
+
+@needs_torch_op
+@pytest.mark.parametrize("form", list(FORMS))
+def test_full_trains_through_the_form_the_rule_picks_for_its_budget(monkeypatch, form):
+    dense, layer = layer_pair(torch.float64)
+    layer.train_chunk, layer.logits_mib = None, FORMS[form]  # chunks from the budget, as by default
+    calls = spied_forms(monkeypatch)
+    hidden, target = torch.randn(23, 8, dtype=torch.float64), torch.randint(0, 37, (23,))
+    for want, got in zip(loss_and_grads(dense, hidden, target), loss_and_grads(layer, hidden, target), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(layer.position_nll(hidden, target), dense.position_nll(hidden, target))
+    # the chunks from the budget: 2,048 bytes over 37 x 4 per row, 1,000 bytes over 23 x 4 per class
+    assert calls == [{"torch": ("torch", 13), "hand-written": ("hand-written", 10)}[form]] * 2
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        layer.float().loss(hidden.float(), target)
+    assert calls[-1][0] == "hand-written"  # bfloat16 products: whatever the budget
+
+
+@needs_torch_op
+def test_torchs_form_takes_repeated_calls_on_one_leaf():
+    """tests/test_repeated_calls.py's contract on torch's form (the contract's tiny layers go dense): each call
+    builds its own graph, so calling ``loss`` again on one leaf gives the same loss and gradients."""
+    _, layer = layer_pair(torch.float32)
+    layer.train_chunk, layer.logits_mib = None, TORCH_BUDGET
+    hidden, target = torch.randn(23, 8, requires_grad=True), torch.randint(0, 37, (23,))
+    found = []
+    for _ in range(3):
+        hidden.grad = None
+        layer.zero_grad(set_to_none=True)
+        loss = layer.loss(hidden, target)
+        loss.backward()
+        found.append([loss.detach(), hidden.grad.clone(), layer.weight.grad.clone(), layer.bias.grad.clone()])
+    for again in found[1:]:
+        for got, first in zip(again, found[0], strict=True):
+            torch.testing.assert_close(got, first, rtol=0, atol=0)

@@ -13,7 +13,7 @@ import torch
 from lmtrain.config import ConfigError, compose_config
 from lmtrain.output import HierarchicalSoftmax
 from lmtrain.output.trees import TreePaths, balanced_tree, huffman_tree, two_level_tree
-from lmtrain.training.build import build_output
+from lmtrain.run.build import build_output
 from lmtrain.training.optim import build_optimizer
 from tests.conftest import SHARED_DATA, make_config
 

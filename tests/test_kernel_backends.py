@@ -214,7 +214,7 @@ def test_the_step_forms_are_decided_once_from_the_config_and_reach_every_part(ov
     """``step_forms=auto`` takes a GPU's forms where the run trains on a CUDA GPU (``trainer.accelerator``, as
     Lightning picks it), ``cpu`` or ``gpu`` forces them on any machine; the decision reaches the kernel tree (its
     backend, unless ``sampler.backend`` forces one) and the adaptive softmax's loss."""
-    from lmtrain.training.build import build_module, step_forms
+    from lmtrain.run.build import build_module, step_forms
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: on_cuda)
     assert step_forms(config("rff", overrides)).fixed_shapes == fixed
@@ -229,7 +229,7 @@ def test_the_step_forms_are_decided_once_from_the_config_and_reach_every_part(ov
 def test_the_tools_decide_the_forms_by_the_device_they_run_on(monkeypatch):
     """A tool names the device it runs a trained model on (``build_module(..., device=...)``): a GPU's forms there on
     a CUDA GPU, a CPU's on the CPU, whatever accelerator the run trained with; a forced ``step_forms`` still holds."""
-    from lmtrain.training.build import step_forms
+    from lmtrain.run.build import step_forms
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert not step_forms(config("rff", "trainer.accelerator=gpu"), "cpu").fixed_shapes

@@ -7,9 +7,9 @@ import torch
 from hydra.errors import InstantiationException
 
 from lmtrain.output import AbsoluteSampledSoftmax, CosineSampledSoftmax
+from lmtrain.run.build import build_output
 from lmtrain.sampler import QuadraticSampler, RFFSampler
 from lmtrain.sampler.kernel import KernelTree
-from lmtrain.training.build import build_output
 from lmtrain.training.optim import build_optimizer
 from tests.conftest import make_config
 from tests.helpers import sample_from

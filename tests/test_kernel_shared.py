@@ -9,9 +9,9 @@ import torch
 from scipy.stats import chisquare
 
 from lmtrain.output import AbsoluteSampledSoftmax, CosineSampledSoftmax
+from lmtrain.run.build import build_output
 from lmtrain.sampler import QuadraticSampler, RFFSampler
 from lmtrain.sampler.kernel import KernelTree, RandomFourierFeatures
-from lmtrain.training.build import build_output
 from lmtrain.training.optim import build_optimizer
 from tests.conftest import make_config
 from tests.helpers import draw_negatives

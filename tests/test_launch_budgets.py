@@ -94,7 +94,7 @@ def adaptation_launches(overrides: list[str], num_classes: int, positions: int =
     from lab.step_fixture import synthetic_counts
 
     from lmtrain.config import compose_config
-    from lmtrain.training.build import build_module
+    from lmtrain.run.build import build_module
 
     cfg = compose_config(["data=synthetic", f"data.vocab_size={num_classes}", "trainer.accelerator=cpu", *overrides])
     torch.manual_seed(0)

@@ -1,6 +1,6 @@
 """The import graph runs one way (docs/architecture.md): entries -> cli -> (config, run); run -> training ->
-run_folder -> (model, output -> sampler); process below run, tools and study; data apart, tools above config, study
-above tools, common below everything."""
+run_folder -> (model, output -> sampler); process below run, tools and study; data apart, tools above config and run
+(run/build.py loads a trained run), study above tools, common below everything."""
 
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ ROOT = Path(lmtrain.__file__).parent
 ALLOWED = {
     "entry": {"cli", "config", "run", "run_folder", "tools"},
     "cli": {"config", "run", "training", "data"},
-    "tools": {"cli", "config", "training", "run_folder", "process", "output", "sampler", "model", "data"},
+    "tools": {"cli", "config", "run", "training", "run_folder", "process", "output", "sampler", "model", "data"},
     "config": {"model", "output", "sampler", "data"},  # the schemas subclass the parts' options
     "study": {"tools", "process", "config", "data"},  # studies run `python -m lmtrain` and score its runs' text
-    "run": {"training", "run_folder", "process", "model", "output", "sampler", "data"},  # train(cfg): the run
+    # train(cfg): the run, and the build of its parts from the config (build.py)
+    "run": {"training", "run_folder", "process", "model", "output", "sampler", "data"},
     "training": {"run_folder", "model", "output", "sampler", "data"},  # the step and the module
     "run_folder": {"model", "data"},  # every file a run writes and reads
     "process": set(),  # threads, allocator, library logs, signals
@@ -29,8 +30,8 @@ ALLOWED = {
 }
 
 
-def layer(path: Path) -> str:
-    parts = path.relative_to(ROOT).parts
+def layer(path: Path, root: Path = ROOT) -> str:
+    parts = path.relative_to(root).parts
     return parts[0] if len(parts) > 1 else "entry"
 
 
@@ -44,13 +45,52 @@ def imported_layers(path: Path) -> set[str]:
     return {name.split(".")[1] for name in names if name.startswith("lmtrain.") and name.count(".") >= 1}
 
 
-def test_imports_run_one_way():
+def wrong_imports(root: Path = ROOT) -> list[str]:
+    """The imports of the package at ``root`` that its layer may not make (ALLOWED)."""
     wrong = []
-    for path in sorted(ROOT.rglob("*.py")):
-        own = layer(path)
+    for path in sorted(root.rglob("*.py")):
+        own = layer(path, root)
         for target in imported_layers(path) - {own, "common"} - ALLOWED[own]:
-            wrong.append(f"{path.relative_to(ROOT)} ({own}) imports lmtrain.{target}")
+            wrong.append(f"{path.relative_to(root)} ({own}) imports lmtrain.{target}")
+    return wrong
+
+
+def test_imports_run_one_way():
+    wrong = wrong_imports()
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_rule_catches_an_import_against_the_layers(tmp_path: Path):
+    """The step and the module import nothing of the run (its build included); the parts nothing of training."""
+    files = {
+        "run/build.py": "from lmtrain.training.module import LanguageModel\n",  # allowed: run -> training
+        "tools/trained.py": "from lmtrain.run.build import build_model\n",  # allowed: tools -> run
+        "training/module.py": "from lmtrain.run.build import build\n",  # refused: training -> run
+        "output/full.py": "import lmtrain.training.step\n",  # refused: output -> training
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert wrong_imports(tmp_path) == [
+        "output/full.py (output) imports lmtrain.training",
+        "training/module.py (training) imports lmtrain.run",
+    ]
+
+
+def test_the_layers_form_no_cycle():
+    """ALLOWED itself runs one way: a layer may not reach itself through the others (so training may not import run,
+    which imports training)."""
+    done: set[str] = set()
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        assert name not in path, f"layer cycle: {' -> '.join((*path, name))}"
+        if name not in done:
+            for target in ALLOWED[name]:
+                visit(target, (*path, name))
+            done.add(name)
+
+    for name in ALLOWED:
+        visit(name, ())
 
 
 MAX_LINES = 400  # one concern per file: a cohesive one may be this long before it is split

@@ -8,7 +8,7 @@ import torch
 from lab.launches import DispatchCounter, synthetic_counts
 
 from lmtrain.output.sampled.estimators import accidental_hits, exact_offsets, joint_softmax_nll
-from lmtrain.training.build import build_output
+from lmtrain.run.build import build_output
 from lmtrain.training.optim import merge_repeats
 from tests.conftest import make_config
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from lmtrain.config import ConfigError, compose_config
 from lmtrain.output.mos import MixtureOfSoftmaxes, MoSOptions
-from lmtrain.training.build import build_module
+from lmtrain.run.build import build_module
 from tests.conftest import make_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -73,11 +73,13 @@ def test_log_probs_all_is_a_distribution_and_matches_log_prob():
             torch.testing.assert_close(every[:, c], out.log_prob(hidden, torch.full((N,), c)), rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("train_chunk", [0, 4])  # dense, and the chunked softmax over the (N K) component rows
-def test_loss_and_gradients_are_the_written_out_mean_nll(train_chunk):
+# dense; the hand-written chunks over the (N K) component rows; torch's row chunks (the 11 x 5 weight fits 500 bytes,
+# the 21 x 11 logits do not)
+@pytest.mark.parametrize("options", [{"train_chunk": 0}, {"train_chunk": 4}, {"logits_mib": 500 / 2**20}])
+def test_loss_and_gradients_are_the_written_out_mean_nll(options):
     """The training loss is mean -log p, and its gradients are the written-out model's in every parameter (the
     prior's U, the projections P and c, the class vectors W and biases b) and in the hidden states."""
-    out = layer(train_chunk=train_chunk)
+    out = layer(**options)
     hidden, target = inputs()
     hidden.requires_grad_(True)
     loss = out.loss(hidden, target)

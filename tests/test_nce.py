@@ -11,8 +11,8 @@ from hydra import compose, initialize_config_dir
 
 from lmtrain.config import CONF_DIR
 from lmtrain.output import NCE, NegativeSampling
+from lmtrain.run.build import build_output
 from lmtrain.sampler import SoftmaxSampler, UniformSampler, UnigramSampler
-from lmtrain.training.build import build_output
 from tests.helpers import draw_negatives, log_q_from
 
 N_CLASSES, DIM = 25, 6

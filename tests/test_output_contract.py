@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from lmtrain.config import choices, compose_config
-from lmtrain.training.build import build_output, step_forms
+from lmtrain.run.build import build_output, step_forms
 
 NUM_CLASSES, DIM, N = 60, 8, 12
 

@@ -8,8 +8,8 @@ import torch
 
 from lmtrain.config import compose_config
 from lmtrain.output.sampled import AbsoluteSampledSoftmax
+from lmtrain.run.build import build_output
 from lmtrain.sampler.quartic import QuarticSampler
-from lmtrain.training.build import build_output
 from tests.power import ALPHA, chi_square_pvalue, draws_for
 
 pytestmark = pytest.mark.usefixtures("one_thread")

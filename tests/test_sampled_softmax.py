@@ -11,8 +11,8 @@ from hydra import compose, initialize_config_dir
 
 from lmtrain.config import CONF_DIR, ConfigError, compose_config
 from lmtrain.output import SampledSoftmax
+from lmtrain.run.build import build_output
 from lmtrain.sampler import Sampler, SoftmaxSampler, UniformSampler, UnigramSampler
-from lmtrain.training.build import build_output
 from tests.helpers import draw_negatives, log_q_all_from, log_q_from
 
 N_CLASSES, DIM = 30, 8

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lmtrain.config import choices, compose_config
-from lmtrain.training.build import build_output
+from lmtrain.run.build import build_output
 
 N_CLASSES, DIM, POSITIONS, M = 30, 6, 5, 7
 CASES = [(name, shared) for name in choices("sampler") for shared in (False, True)]

@@ -86,7 +86,7 @@ def test_a_seeded_run_gives_the_recorded_metrics(output, tmp_path, monkeypatch):
 def test_a_float64_run_builds_its_model_in_float64(tmp_path, monkeypatch):
     """Under 64-true the model is made in float64 (what makes the seeded runs CPU-independent): its weights and a
     kernel tree's first node sums are float64's from the start, not float32 values converted afterwards."""
-    from lmtrain.training.build import build_model
+    from lmtrain.run.build import build_model
 
     monkeypatch.setenv("LMTRAIN_CACHE_DIR", str(tmp_path / "cache"))
     _, module = build_model(make_config(seeded_overrides("rff", tmp_path / "run")))

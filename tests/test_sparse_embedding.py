@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
+from lmtrain.run.build import build_module
 from lmtrain.run.run import train
-from lmtrain.training.build import build_module
 
 
 def module_of(cfg):

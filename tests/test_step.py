@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from lmtrain.process.prepare import prepare_process
+from lmtrain.run.build import build_model
 from lmtrain.run_folder.rng import seed_run, set_rng_states
-from lmtrain.training.build import build_model
 from lmtrain.training.step import NonFiniteLossError, evaluate, train_step
 
 STEPS = 4

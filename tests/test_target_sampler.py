@@ -13,8 +13,8 @@ from lab.launches import DispatchCounter
 
 from lmtrain.config import compose_config
 from lmtrain.output.sampled import SampledSoftmax
+from lmtrain.run.build import build_output
 from lmtrain.sampler.target import TargetSampler
-from lmtrain.training.build import build_output
 from tests.power import ALPHA, chi_square_pvalue
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -15,10 +15,10 @@ from lab.step_fixture import synthetic_counts
 from lmtrain.config import ConfigError, compose_config
 from lmtrain.output import AbsoluteSampledSoftmax, CosineSampledSoftmax, FullSoftmax
 from lmtrain.output.base import changed_rows
+from lmtrain.run.build import build_module
 from lmtrain.run.run import train
 from lmtrain.run_folder.checkpoints import check_compatible
 from lmtrain.run_folder.ckpt_path import CheckpointError
-from lmtrain.training.build import build_module
 from lmtrain.training.step import train_step
 from tests.cli_runs import TINY, run_cli
 

@@ -5,7 +5,7 @@ A part (an output strategy, a sampler, a data source, an encoder) names its opti
 the base class (``OutputLayer.group = "output"``). From these the config layer derives the part's typed schema
 (``schema/GROUP/NAME`` in Hydra's ConfigStore: ``Options`` plus ``_target_``, the class's own module path), its
 option ``GROUP=NAME``, and the group's list of options, so a new part is one file. ``runtime_args`` are the values
-the part takes from the data and the model (``lmtrain.training.build``).
+the part takes from the data and the model (``lmtrain.run.build``).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from torch import Tensor
 
 
 class StepForms:
-    """The forms a training step's code takes, decided once when the model is built (``lmtrain.training.build``, the
+    """The forms a training step's code takes, decided once when the model is built (``lmtrain.run.build``, the
     config's ``step_forms``) and handed to the parts that have two: a GPU's (``fixed_shapes``: every shape known
     before the step, no host sync: the kernel tree's fixed backend, the adaptive softmax's fixed-shape loss) or a
     CPU's (shapes found from the data where that is cheaper there: the tree's walk, torch's adaptive module). Both

@@ -83,7 +83,7 @@ class LSTMEncoder(nn.Module, Part):
     """
 
     group, name, Options = "model", "lstm", LSTMOptions  # model=lstm (``lmtrain.common.part``)
-    # the run-time values lmtrain.training.build passes besides the config
+    # the run-time values lmtrain.run.build passes besides the config
     runtime_args: ClassVar[tuple[str, ...]] = ("num_classes",)
 
     def __init__(self, num_classes: int, **options: Any) -> None:

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from lmtrain.common.precision import in_float32
 from lmtrain.common.runtime import CPU_FORMS, StepForms
 from lmtrain.output.base import OutputLayer
-from lmtrain.output.chunked_softmax import chunked_softmax_nll, fitting_chunk, logits_budget_mib
+from lmtrain.output.chunked_softmax import exact_softmax_nll, fitting_chunk, logits_budget_mib
 from lmtrain.output.options import AdaptiveOptions
 
 HEAD_CAP, TAIL_FRACTION, MAX_CLUSTERS = 2000, 0.6, 3
@@ -84,8 +84,8 @@ class AdaptiveSoftmax(OutputLayer):
     ``target_columns``) ignore the positions outside the cluster. That costs N x (cluster size) logits per tail
     cluster where the CPU path scores only the cluster's own positions: dense while they fit in the budget
     (float32: ``logits_mib`` MiB, or ``gpu_logits_fraction`` of a GPU's memory, as ``FullSoftmax``), else in
-    vocabulary chunks of that size (``chunked_softmax_nll``), so memory stays bounded at any n. Same parameters,
-    same values to float rounding; ``log_prob`` and ``log_probs_all`` (exact evaluation) are torch's on both paths.
+    chunks (``exact_softmax_nll``), so memory stays bounded at any n. Same parameters, same values to float
+    rounding; ``log_prob`` and ``log_probs_all`` (exact evaluation) are torch's on both paths.
     """
 
     name, Options = "adaptive", AdaptiveOptions  # output=adaptive
@@ -176,12 +176,12 @@ class AdaptiveSoftmax(OutputLayer):
         d / div_value^k); ``local`` (N,) IGNORED at the others: all N positions scored, dense, or in vocabulary
         chunks when large."""
         budget = logits_budget_mib(self.logits_mib, self.gpu_logits_fraction, projected.device)
-        chunk = fitting_chunk(budget, projected.shape[0])
-        if chunk >= words.shape[0]:  # IGNORED: cross entropy's default; a 1 / N weight on every word of the cluster
+        if fitting_chunk(budget, projected.shape[0]) >= words.shape[0]:
+            # IGNORED: cross entropy's default; a 1 / N weight on every word of the cluster
             weight = self.uniform_weight(words.shape[0], projected.shape[0], projected)
             return F.cross_entropy(projected @ words.T, local, weight=weight, reduction="sum")
         outside = local == IGNORED  # (N,)
-        nll = chunked_softmax_nll(projected, words, None, local.clamp(min=0), chunk)  # torch's tails have no biases
+        nll = exact_softmax_nll(projected, words, None, local.clamp(min=0), budget)  # (N,) torch's tails: no biases
         return nll.masked_fill(outside, 0.0).mean()
 
     def uniform_weight(self, size: int, n_positions: int, like: Tensor) -> Tensor:

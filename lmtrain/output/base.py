@@ -28,7 +28,7 @@ class OutputLayer(nn.Module, Part):
     """
 
     group = "output"  # output=NAME (``lmtrain.common.part``)
-    # the run-time values lmtrain.training.build passes besides the config
+    # the run-time values lmtrain.run.build passes besides the config
     runtime_args: ClassVar[tuple[str, ...]] = ("num_classes", "dim")
 
     num_classes: int

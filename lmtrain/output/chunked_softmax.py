@@ -1,13 +1,18 @@
 """Exact softmax cross-entropy over a large vocabulary without the (N, n) logit matrix.
 
-The forward pass walks the vocabulary in chunks of ``chunk`` classes and carries a running log-sum-exp per row;
-it keeps only the inputs, the rows' log-normalizers (N,) and the target ids. The backward pass recomputes each
-chunk's logits and turns them, in their own buffer, into that chunk's columns of the softmax; these enter the
-products unscaled (the incoming gradient scales the (N, d) sides), and the one-hot part of softmax - one-hot is
-added once after the loop, one class per row. Peak extra memory is a few (N, chunk) blocks instead of several
-(N, n) ones; the arithmetic is the dense path's. A chunk is read or written about 12 times per step (forward product and
-log-softmax; backward product, shift, exp, bias sum and the two products), which matters where a step is bound by
-memory traffic (a GPU at large N x n); on a CPU the four products dominate.
+``exact_softmax_nll`` is the entry point of the strategies whose dense logits exceed their budget: it takes torch's
+``F.linear_cross_entropy`` in row chunks sized from the logits budget, or the hand-written vocabulary chunks below,
+whichever ``takes_torch_linear_ce`` picks (the reason: docs/bench/linear_ce_cpu.json).
+
+The hand-written form (``chunked_softmax_nll``): the forward pass walks the vocabulary in chunks of ``chunk`` classes
+and carries a running log-sum-exp per row; it keeps only the inputs, the rows' log-normalizers (N,) and the target
+ids. The backward pass recomputes each chunk's logits and turns them, in their own buffer, into that chunk's columns
+of the softmax; these enter the products unscaled (the incoming gradient scales the (N, d) sides), and the one-hot
+part of softmax - one-hot is added once after the loop, one class per row. Peak extra memory is a few (N, chunk)
+blocks instead of several (N, n) ones, and no weight-sized buffer beyond the gradient; the arithmetic is the dense
+path's. A chunk is read or written about 12 times per step (forward product and log-softmax; backward product,
+shift, exp, bias sum and the two products), which matters where a step is bound by memory traffic (a GPU at large
+N x n); on a CPU the four products dominate.
 
 Under autocast the logits are computed in the autocast dtype (as ``F.linear`` would compute the dense logits) and
 everything after them (log-sum-exp, softmax, gradient accumulation) in float32 or wider.
@@ -16,12 +21,18 @@ everything after them (log-sum-exp, softmax, gradient accumulation) in float32 o
 from __future__ import annotations
 
 import functools
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from lmtrain.common.precision import float32_region
+
+# torch's chunked fused loss: recent releases have it, the declared minimum (torch 2.6) does not (the hand-written form
+# runs there)
+HAS_TORCH_LINEAR_CE = hasattr(F, "linear_cross_entropy") and hasattr(torch.nn, "LinearCrossEntropyOptions")
+Reduction = Literal["none", "mean", "sum"]
 
 
 def product_dtype(hidden: Tensor) -> torch.dtype:
@@ -132,6 +143,58 @@ def fitting_chunk(budget_mib: float, num_positions: int) -> int:
     """The most classes (at least 1) whose float32 logits at ``num_positions`` rows take at most ``budget_mib`` MiB:
     the chunk of the training loss, dense when it reaches the vocabulary size."""
     return max(int(budget_mib * 2**20) // (4 * max(num_positions, 1)), 1)
+
+
+def budget_rows(budget_mib: float, num_classes: int) -> int:
+    """The most batch rows (at least 1) whose (rows, n) float32 logits take at most ``budget_mib`` MiB: torch's row
+    chunk from the budget that sizes the hand-written vocabulary chunk (``fitting_chunk``, rows and classes swapped)."""
+    return fitting_chunk(budget_mib, num_classes)
+
+
+def takes_torch_linear_ce(hidden: Tensor, weight: Tensor, budget_mib: float, chunk: int | None = None) -> bool:
+    """Whether ``exact_softmax_nll`` takes torch's ``F.linear_cross_entropy`` (row chunks of ``budget_rows``) over
+    the hand-written vocabulary chunks: where it is not worse. The reason is docs/bench/linear_ce_cpu.json, torch's
+    op beside ``chunked_softmax_nll`` at the same logits budget: faster at every size there, lighter where the
+    vocabulary is moderate, but it holds one more weight-sized float32 buffer (n d 4 bytes) through the step, and
+    with bfloat16 inputs it returns a bfloat16 loss, summed less exactly than the hand-written form's float32.
+
+    So torch's op runs where that buffer fits in the logits budget (``budget_mib``, the one the caller sizes its
+    chunks with) and the logits' product dtype (``product_dtype``) is float32 or float64 (the inputs' own). The
+    hand-written form keeps the rest: bfloat16 / float16 products (autocast, or such inputs), a weight too large for
+    the budget, a fixed vocabulary ``chunk`` (``output.train_chunk`` counts classes, torch chunks rows), and a torch
+    without the op. Memory and dtype only: the same rule on every device."""
+    dtype = product_dtype(hidden)
+    return (
+        HAS_TORCH_LINEAR_CE
+        and chunk is None
+        and dtype in (torch.float32, torch.float64)
+        and hidden.dtype == weight.dtype == dtype
+        and weight.shape[0] * weight.shape[1] * 4 <= budget_mib * 2**20
+    )
+
+
+def exact_softmax_nll(
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    target: Tensor,
+    budget_mib: float,
+    chunk: int | None = None,
+    reduction: Reduction = "none",
+) -> Tensor:
+    """(N, d), (n, d), (n,) or None, (N,) -> exact -log softmax(hidden W^T + b)[target] without the (N, n) logits:
+    per row (N,) for ``reduction="none"``, else their mean or sum. ``budget_mib``: the MiB a chunk's float32 logits
+    may take; ``chunk``: a fixed vocabulary chunk of the hand-written form, None to size it from the budget.
+    ``takes_torch_linear_ce`` picks the form; both give the same values and gradients to float rounding."""
+    if takes_torch_linear_ce(hidden, weight, budget_mib, chunk):
+        options = torch.nn.LinearCrossEntropyOptions(batch_chunk_size=budget_rows(budget_mib, weight.shape[0]))
+        return F.linear_cross_entropy(hidden, weight, target, linear_bias=bias, reduction=reduction, options=options)
+    nll = chunked_softmax_nll(
+        hidden, weight, bias, target, fitting_chunk(budget_mib, hidden.shape[0]) if chunk is None else chunk
+    )
+    if reduction == "none":
+        return nll  # (N,)
+    return nll.sum() if reduction == "sum" else nll.mean()
 
 
 def local_targets(target: Tensor, start: int, end: int) -> tuple[Tensor, Tensor]:

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmtrain.output.base import OutputLayer, initial_bias
-from lmtrain.output.chunked_softmax import chunked_softmax_nll, fitting_chunk, logits_budget_mib
+from lmtrain.output.chunked_softmax import exact_softmax_nll, fitting_chunk, logits_budget_mib
 from lmtrain.output.infrequent_normalization import InfrequentlyNormalized
 from lmtrain.output.logsumexp import chunked_logsumexp
 from lmtrain.output.options import FullOptions
@@ -20,9 +20,10 @@ class FullSoftmax(InfrequentlyNormalized, OutputLayer):
 
     ``log_prob`` normalizes in vocabulary chunks of ``eval_chunk`` classes so that n = 10^6 fits. ``loss`` builds
     the (N, n) logits (dense) when they fit in the budget (float32: ``logits_mib`` MiB on a CPU,
-    ``gpu_logits_fraction`` of the device's memory on a GPU), and otherwise trains through ``chunked_softmax_nll``
-    in vocabulary chunks of the most classes whose (N, chunk) logits fit in it; ``train_chunk`` fixes the chunk
-    instead (0: always dense; a chunk >= n is dense too). Both are exact.
+    ``gpu_logits_fraction`` of the device's memory on a GPU), and otherwise trains through ``exact_softmax_nll``
+    (torch's chunked ``linear_cross_entropy``, or vocabulary chunks of the most classes whose (N, chunk) logits fit
+    in it); ``train_chunk`` fixes the vocabulary chunk instead (0: always dense; a chunk >= n is dense too). All are
+    exact.
     ``bias_init`` is ``zero`` or ``log_unigram`` (the biases start at the log training unigram, ``counts``).
     ``self_normalize`` > 0 adds the self-normalization penalty (``InfrequentlyNormalized``; ``loss_is_nll`` is then
     false), and ``normalize_fraction`` < 1 computes Z at a drawn fraction of the positions only.
@@ -58,17 +59,18 @@ class FullSoftmax(InfrequentlyNormalized, OutputLayer):
     def loss(self, hidden: Tensor, target: Tensor, inputs: Tensor | None = None) -> Tensor:
         if self.options.self_normalize:  # α = 0: the plain loss below, untouched
             return self.self_normalized_loss(hidden, target)
-        chunk = self.loss_chunk(hidden.shape[0], hidden.device)
-        if chunk >= self.num_classes:
+        if self.loss_chunk(hidden.shape[0], hidden.device) >= self.num_classes:
             return F.cross_entropy(self.logits(hidden), target)
-        return chunked_softmax_nll(hidden, self.weight, self.bias, target, chunk).mean()
+        budget = self.loss_budget(hidden.device)
+        return exact_softmax_nll(hidden, self.weight, self.bias, target, budget, self.train_chunk, reduction="mean")
 
     def position_nll(self, hidden: Tensor, target: Tensor) -> Tensor:
         """(N, d), (N,) -> (N,) exact -ln p(target), differentiable: dense or chunked as ``loss``."""
-        chunk = self.loss_chunk(hidden.shape[0], hidden.device)
-        if chunk >= self.num_classes:
+        if self.loss_chunk(hidden.shape[0], hidden.device) >= self.num_classes:
             return F.cross_entropy(self.logits(hidden), target, reduction="none")
-        return chunked_softmax_nll(hidden, self.weight, self.bias, target, chunk)
+        return exact_softmax_nll(
+            hidden, self.weight, self.bias, target, self.loss_budget(hidden.device), self.train_chunk
+        )
 
     def unnormalized_log_prob(self, hidden: Tensor, target: Tensor) -> Tensor:
         return (hidden * self.weight[target]).sum(1) + self.bias[target]  # (N,) s_t: one row gather
@@ -78,8 +80,11 @@ class FullSoftmax(InfrequentlyNormalized, OutputLayer):
         weights'); >= n means dense."""
         if self.train_chunk is not None:
             return self.train_chunk or self.num_classes
-        budget = logits_budget_mib(self.logits_mib, self.gpu_logits_fraction, device or self.weight.device)
-        return fitting_chunk(budget, num_positions)
+        return fitting_chunk(self.loss_budget(device), num_positions)
+
+    def loss_budget(self, device: torch.device | None = None) -> float:
+        """The MiB a step's float32 logits may take on ``device`` (None: the weights')."""
+        return logits_budget_mib(self.logits_mib, self.gpu_logits_fraction, device or self.weight.device)
 
     def log_prob(self, hidden: Tensor, target: Tensor) -> Tensor:
         target_logit = self.unnormalized_log_prob(hidden, target)  # (N,)

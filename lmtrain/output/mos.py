@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from lmtrain.common.ranges import AT_LEAST_1, Checked
 from lmtrain.output.base import OutputLayer, initial_bias
-from lmtrain.output.chunked_softmax import chunked_softmax_nll, fitting_chunk, logits_budget_mib
+from lmtrain.output.chunked_softmax import exact_softmax_nll, fitting_chunk, logits_budget_mib
 from lmtrain.output.logsumexp import chunked_logsumexp
 from lmtrain.output.options import FRACTION, GPU_FRACTION, INIT_RANGE, BiasInit
 
@@ -104,21 +104,24 @@ class MixtureOfSoftmaxes(OutputLayer):
         num_positions, k = hidden.shape[0], self.components
         log_prior, latent = self.mixture(hidden, drop=self.training)
         targets = target[:, None].expand(num_positions, k).reshape(-1)  # (N K,): each position's target, K times
-        chunk = self.loss_chunk(num_positions * k, hidden.device)
-        if chunk >= self.num_classes:
+        if self.loss_chunk(num_positions * k, hidden.device) >= self.num_classes:
             nll = F.cross_entropy(F.linear(latent, self.weight, self.bias), targets, reduction="none")  # (N K,)
         else:
-            nll = chunked_softmax_nll(latent, self.weight, self.bias, targets, chunk)  # (N K,)
+            budget = self.loss_budget(hidden.device)
+            nll = exact_softmax_nll(latent, self.weight, self.bias, targets, budget, self.options.train_chunk)  # (N K,)
         return -torch.logsumexp(log_prior - nll.view(num_positions, k), dim=1).mean()
 
     def loss_chunk(self, rows: int, device: torch.device | None = None) -> int:
         """Classes per vocabulary chunk of the training loss for ``rows`` component rows (N K) on ``device`` (None:
         the weights'); >= n means dense."""
+        if self.options.train_chunk is not None:
+            return self.options.train_chunk or self.num_classes
+        return fitting_chunk(self.loss_budget(device), rows)
+
+    def loss_budget(self, device: torch.device | None = None) -> float:
+        """The MiB a step's float32 component logits may take on ``device`` (None: the weights')."""
         opts = self.options
-        if opts.train_chunk is not None:
-            return opts.train_chunk or self.num_classes
-        budget = logits_budget_mib(opts.logits_mib, opts.gpu_logits_fraction, device or self.weight.device)
-        return fitting_chunk(budget, rows)
+        return logits_budget_mib(opts.logits_mib, opts.gpu_logits_fraction, device or self.weight.device)
 
     def log_prob(self, hidden: Tensor, target: Tensor) -> Tensor:
         log_prior, latent = self.mixture(hidden)

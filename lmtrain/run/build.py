@@ -1,5 +1,5 @@
 """Building from the config: a part is ``instantiate(cfg)`` plus the run-time values its class declares, and the
-model is the data module and the LanguageModel (encoder + output strategy), for training (``lmtrain.training.run``)
+model is the data module and the LanguageModel (encoder + output strategy), for training (``lmtrain.run.run``)
 and for the tools that load a trained run (``lmtrain.tools.trained``).
 
 Every part class names the values it takes from the data and the model in ``runtime_args`` (``num_classes``,

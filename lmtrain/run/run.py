@@ -18,6 +18,7 @@ from lmtrain.output.cache import CacheOptions, cached_test
 from lmtrain.process.library_logs import quiet_libraries
 from lmtrain.process.prepare import prepare_process
 from lmtrain.process.signals import TrainingStopped
+from lmtrain.run.build import build_model
 from lmtrain.run.loggers import build_loggers
 from lmtrain.run.loggers.wandb_run import finish_wandb, resumed_from, sync_line
 from lmtrain.run.trainer import build_callbacks, build_trainer, check_against_data, default_val_check_interval
@@ -26,7 +27,6 @@ from lmtrain.run_folder.ckpt_path import resolve_ckpt, resume_command
 from lmtrain.run_folder.folder import add_results, hydra_context, result_line, run_name, write_start_files
 from lmtrain.run_folder.resume import prepare_resume
 from lmtrain.run_folder.rng import seed_run, set_rng_states
-from lmtrain.training.build import build_model
 from lmtrain.training.step import window_log_prob
 
 log = logging.getLogger("lmtrain")

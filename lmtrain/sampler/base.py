@@ -31,7 +31,7 @@ class Sampler(nn.Module, Part):
     """
 
     group = "sampler"  # sampler=NAME (``lmtrain.common.part``)
-    # the run-time values lmtrain.training.build passes besides the config
+    # the run-time values lmtrain.run.build passes besides the config
     runtime_args: ClassVar[tuple[str, ...]] = ("num_classes",)
 
     shared: bool = True

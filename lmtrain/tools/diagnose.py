@@ -24,10 +24,10 @@ import torch
 from lmtrain.cli.failures import fail
 from lmtrain.config import choices, compose_config
 from lmtrain.output import FullSoftmax, SampledSoftmax
+from lmtrain.run.build import Runtime, build
 from lmtrain.sampler import UniformSampler
 from lmtrain.tools.estimator_bias import all_logits, gradient_bias, hidden_spread, proposal_kl
 from lmtrain.tools.trained import load_model, parse_options, resolve_checkpoint
-from lmtrain.training.build import Runtime, build
 from lmtrain.training.step import carry
 
 DEFAULTS: dict[str, str] = {

@@ -19,9 +19,9 @@ from omegaconf import DictConfig, OmegaConf
 from lmtrain.data.errors import DataError
 from lmtrain.data.tokenizer import Words
 from lmtrain.data.vocab import VOCAB_FILE, Vocabulary
+from lmtrain.run.build import build_model, build_module, needs_train_ids
 from lmtrain.run_folder.checkpoints import check_compatible, read_checkpoint
 from lmtrain.run_folder.ckpt_path import CheckpointError
-from lmtrain.training.build import build_model, build_module, needs_train_ids
 from lmtrain.training.module import LanguageModel
 
 

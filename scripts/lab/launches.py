@@ -180,7 +180,7 @@ def count_draw(overrides: list[str], num_classes: int, positions: int = 700, see
     and input tokens, and the m negatives drawn from it (what ``SampledOutput.draw`` asks of the sampler). Zero
     counts for a strategy without a sampler."""
     from lmtrain.config import compose_config
-    from lmtrain.training.build import build_module
+    from lmtrain.run.build import build_module
 
     cfg = compose_config(["data=synthetic", f"data.vocab_size={num_classes}", "trainer.accelerator=cpu", *overrides])
     torch.manual_seed(seed)

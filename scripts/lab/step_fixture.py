@@ -52,7 +52,7 @@ def step_fixture(
     (``step_forms=auto``); ``step_forms=gpu`` takes the forms a GPU takes on any device, ``step_forms=cpu`` a
     CPU's."""
     from lmtrain.config import compose_config
-    from lmtrain.training.build import build_module, step_forms
+    from lmtrain.run.build import build_module, step_forms
 
     accelerator = "cpu" if torch.device(device).type == "cpu" else "gpu"
     cfg = compose_config(

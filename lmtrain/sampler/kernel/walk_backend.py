@@ -93,7 +93,8 @@ class WalkBackend(TreeBackend):
         """Whether ``KernelTree.sample_dense`` costs less than ``sample`` for N queries and m draws each: dense
         reads every node once per query (2B F) and scores every class (n d); m walks read depth x 2F node values and
         a bucket of L classes each. ``WALK_COST`` converts between the two (a walk's reads are scattered, a dense
-        draw's streamed; the crossover it gives is in docs/strategies.md)."""
+        draw's streamed). At the PTB shape (n = 10^4, d = 200) the dense draw pays from about m = 50 for quadratic
+        and m = 290 for rff with D = 1024."""
         store = self.store
         in_features, feats = store.weight.shape[1], store.nodes.shape[1]
         dense = 2 * store.num_buckets * feats + store.num_classes * in_features
