@@ -15,7 +15,9 @@ weight (n, d) and bias (n,) (leaves requiring grad, as the layer's parameters) a
 - ``torch_aspect``: ``chunking_method="aspect_ratio"`` (rows whose (rows, n) logits match the (N, d) input);
 - ``torch_budget``: ``batch_chunk_size`` = the rows whose (rows, n) float32 logits fit lmtrain's ``logits_mib``,
   the same logits memory as lmtrain's chunk (``budget_rows``: the form ``exact_softmax_nll`` trains with where
-  ``takes_torch_linear_ce`` takes torch's op); ``--torch-rows 128,700`` adds ``torch_rows:R`` variants;
+  ``takes_torch_linear_ce`` takes torch's op); ``torch_budget_none``: the same rows with ``reduction="none"`` and
+  the mean taken after (the per-row losses that ``position_nll``, mos and adaptive's tails ask for: torch's
+  backward then recomputes the chunks); ``--torch-rows 128,700`` adds ``torch_rows:R`` variants;
 - ``dense``: ``F.cross_entropy(F.linear(...))`` where its (N, n) float32 logits take at most ``--dense-max-mib``
   (its peak is about three times that).
 A torch variant whose resolved settings equal an earlier one's at a size is left out there (noted in the table).
@@ -67,7 +69,7 @@ from lmtrain.output.full import FullSoftmax
 from lmtrain.process.memory import reuse_freed_memory
 
 HAS_TORCH_LCE = hasattr(F, "linear_cross_entropy") and hasattr(torch.nn, "LinearCrossEntropyOptions")
-BASE_VARIANTS = ["dense", "lmtrain", "torch_auto", "torch_aspect", "torch_budget"]
+BASE_VARIANTS = ["dense", "lmtrain", "torch_auto", "torch_aspect", "torch_budget", "torch_budget_none"]
 PRECISIONS = ["32", "64", "bf16-mixed", "bf16-hidden"]
 REFERENCE = "lmtrain"  # the ratios' denominator
 BASELINE = "inputs"  # the child that only allocates the inputs and their gradients
@@ -99,7 +101,7 @@ def torch_options(variant: str, num_classes: int, dim: int) -> Any:
         return options()
     if variant == "torch_aspect":
         return options(chunking_method="aspect_ratio")
-    if variant == "torch_budget":
+    if variant in ("torch_budget", "torch_budget_none"):
         return options(batch_chunk_size=cpu_budget_rows(num_classes, dim))
     if variant.startswith("torch_rows:"):
         return options(batch_chunk_size=int(variant.split(":", 1)[1]))
@@ -133,6 +135,10 @@ def loss_fn(variant: str, num_classes: int, dim: int, positions: int, at_least_c
     rows = resolved(options, positions, dim, num_classes, torch.float32).get("rows", positions)
     if rows > math.ceil(positions / at_least_chunks):
         options = capped(options, math.ceil(positions / at_least_chunks))
+    if variant.endswith("_none"):  # per-row losses, averaged outside torch's op
+        return lambda h, w, b, t: F.linear_cross_entropy(
+            h, w, t, linear_bias=b, reduction="none", options=options
+        ).mean()
     return lambda h, w, b, t: F.linear_cross_entropy(h, w, t, linear_bias=b, options=options)
 
 
@@ -147,7 +153,8 @@ def describe(variant: str, num_classes: int, dim: int, positions: int) -> dict:
     if variant == BASELINE:
         return {"chunk": "no loss: inputs and their gradients"}
     got = resolved(torch_options(variant, num_classes, dim), positions, dim, num_classes, torch.float32)
-    return {"chunk": f"{got.get('rows', '?')} rows, {got.get('acc_policy', '?')}", **got}
+    per_row = ", per-row losses" if variant.endswith("_none") else ""
+    return {"chunk": f"{got.get('rows', '?')} rows, {got.get('acc_policy', '?')}{per_row}", **got}
 
 
 def make_inputs(num_classes: int, dim: int, positions: int, seed: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor]:

@@ -38,14 +38,16 @@ def cell_stats(spec: StudySpec, records: list[dict[str, Any]], metric: str) -> d
     return stats
 
 
-def _varying_keys(cells: list[Cell]) -> list[str]:
+def varying_keys(cells: list[Cell]) -> list[str]:
+    """The config keys whose value differs between ``cells`` (all their keys when none does): a table's columns."""
     keys: list[str] = []
     for cell in cells:
         keys += [k.lstrip("+") for k, _ in cell.values if k.lstrip("+") not in keys]
     return [k for k in keys if len({c.get(k) for c in cells}) > 1] or keys
 
 
-def _fmt(s: CellStats) -> str:
+def format_stats(s: CellStats) -> str:
+    """'mean ± sd' over a cell's seeds ('mean' for one seed, '—' for none)."""
     if s.n == 0:
         return "—"
     return f"{s.mean:,.1f} ± {s.sd:,.1f}" if s.n >= 2 else f"{s.mean:,.1f}"
@@ -76,7 +78,8 @@ def _reference_for(spec: StudySpec, cell: Cell, stats: dict[str, CellStats]) -> 
     return None
 
 
-def _runs_line(records: list[dict[str, Any]]) -> str:
+def runs_line(records: list[dict[str, Any]]) -> str:
+    """Where the records were measured: 'N runs on DEVICE (count); threads per run: [...]; code: COMMITS'."""
     devices = Counter(r.get("device", "?") for r in records)
     threads = sorted({r.get("threads") for r in records if r.get("threads") is not None})
     commits = sorted({(r.get("commit") or "?")[:7] + ("+dirty" if r.get("dirty") else "") for r in records})
@@ -89,7 +92,7 @@ def render_table(spec: StudySpec, records: list[dict[str, Any]]) -> str:
     stats = cell_stats(spec, records, spec.metric)
     other = "val/ppl" if spec.metric == "test/ppl" else "test/ppl"
     second = cell_stats(spec, records, other)
-    keys = _varying_keys(spec.cells)
+    keys = varying_keys(spec.cells)
     against = f"vs {spec.reference or spec.pair}" if spec.reference or spec.pair else ""
     against += f" (same {spec.within})" if spec.within else ""
     against = against or (f"vs best at same {spec.x}" if spec.x else "")
@@ -101,7 +104,7 @@ def render_table(spec: StudySpec, records: list[dict[str, Any]]) -> str:
         "",
         f"Each run: `python -m lmtrain {' '.join(spec.overrides)} CELL seed=S` with S in {spec.seeds}"
         + (" (other seeds where a cell says so)." if spec.cell_seeds else "."),
-        f"Recorded: {_runs_line(records)}." if records else "Recorded: no runs yet.",
+        f"Recorded: {runs_line(records)}." if records else "Recorded: no runs yet.",
         "",
         *table_head(header),
     ]
@@ -109,7 +112,7 @@ def render_table(spec: StudySpec, records: list[dict[str, Any]]) -> str:
         s = stats[cell.label]
         seeds = f"{s.n}" + (f" ({s.failed} failed)" if s.failed else "")
         row = [cell.get(k) or "" for k in keys]
-        row += [seeds, _fmt(s), _fmt(second[cell.label])]
+        row += [seeds, format_stats(s), format_stats(second[cell.label])]
         itself = "best" if against.startswith("vs best") else "reference"
         row += [_compare(s, _reference_for(spec, cell, stats), itself)] if against else []
         lines.append(table_row(row))
@@ -155,7 +158,7 @@ def render_plot(spec: StudySpec, records: list[dict[str, Any]], path: Path) -> P
         ax.bar(positions, [s.mean for s in shown], yerr=sds, capsize=3, color="tab:blue", alpha=0.7)
         for i, s in enumerate(shown):  # every seed as a dot
             ax.scatter([i] * s.n, s.values, s=10, color="black", zorder=3)
-        ax.set_xticks(list(positions), [_short(s.label) for s in shown], rotation=35, ha="right", fontsize=8)
+        ax.set_xticks(list(positions), [short_label(s.label) for s in shown], rotation=35, ha="right", fontsize=8)
     ax.set(yscale="log", ylabel=f"{METRIC_NAMES[spec.metric]} (mean ± sd over seeds)", title=spec.name)
     plain_log_ticks(ax)
     ax.grid(True, which="both", alpha=0.3)
@@ -164,7 +167,7 @@ def render_plot(spec: StudySpec, records: list[dict[str, Any]], path: Path) -> P
     return save_figure(fig, path, plt)
 
 
-def _short(label: str) -> str:
+def short_label(label: str) -> str:
     """'output=rff,output.shared_negatives=true' -> 'rff, shared_negatives=true' (for crowded axis labels)."""
     parts = [p.split("=", 1) for p in label.split(",")]
     return ", ".join(v if k == "output" else f"{k.rsplit('.', 1)[-1]}={v}" for k, v in parts)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from lmtrain.study.records import read_records
-from lmtrain.study.render import _fmt, _runs_line, _short, _varying_keys
+from lmtrain.study.render import format_stats, runs_line, short_label, varying_keys
 from lmtrain.study.scores import records_file
 from lmtrain.study.scores_spec import ScoreSpec
 from lmtrain.study.spec import Cell, StudyError
@@ -72,8 +72,8 @@ def _with_failed(text: str, s: CellStats) -> str:
 def render_scores_table(spec: ScoreSpec, records: list[dict[str, Any]]) -> str:
     """The markdown of the scoring study's table (see the module docstring)."""
     cells = row_cells(spec, records)
-    keys = _varying_keys(cells)
-    name = {c.label: _short(",".join(f"{k}={c.get(k)}" for k in keys if c.get(k) is not None)) for c in cells}
+    keys = varying_keys(cells)
+    name = {c.label: short_label(",".join(f"{k}={c.get(k)}" for k in keys if c.get(k) is not None)) for c in cells}
     modes, baseline = list(spec.modes), spec.baseline
     reference = spec.reference if spec.reference in name else None
     header = ["strategy", "seeds"]
@@ -84,7 +84,7 @@ def render_scores_table(spec: ScoreSpec, records: list[dict[str, Any]]) -> str:
     shown_modes = ", ".join(f"{m} ({' '.join(a) or 'no additions'})" for m, a in spec.modes.items())
     scored = " ".join(["python -m lmtrain.score ckpt_path=RUN file=TEST", *spec.overrides, "MODE"])
     globs = " or ".join(f"`{c}`" for c in spec.cells)
-    recorded = _runs_line(records).replace(" runs on", " scorings on")
+    recorded = runs_line(records).replace(" runs on", " scorings on")
     lines = [
         f"<!-- rendered by `python -m lmtrain.study {spec.name} --render` from records.jsonl: do not edit -->",
         f"**{spec.name}**: {spec.description}",
@@ -103,7 +103,7 @@ def render_scores_table(spec: ScoreSpec, records: list[dict[str, Any]]) -> str:
         words = []
         for mode in modes:
             ppl = mode_stats(records, label, mode)
-            row.append(_with_failed(_fmt(ppl), ppl))
+            row.append(_with_failed(format_stats(ppl), ppl))
             if spec.speed:
                 row.append(_speed(mode_stats(records, label, mode, "seconds_per_1k_tokens")))
             if mode != baseline:
@@ -139,7 +139,7 @@ def render_scores_plot(spec: ScoreSpec, records: list[dict[str, Any]], path: Pat
 
     plt = pyplot()
     cells = row_cells(spec, records)
-    keys = _varying_keys(cells)
+    keys = varying_keys(cells)
     modes = [m for m in spec.modes if m != spec.baseline]
     fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * len(cells) * max(1, len(modes))), 4.8))
     width = 0.8 / max(1, len(modes))
@@ -151,7 +151,7 @@ def render_scores_plot(spec: ScoreSpec, records: list[dict[str, Any]], path: Pat
         ax.bar(xs, means, width, yerr=sds, capsize=2, label=mode, alpha=0.75)
         for x, g in zip(xs, gains, strict=True):
             ax.scatter([x] * g.n, g.values, s=8, color="black", zorder=3)
-    labels = [_short(",".join(f"{k}={c.get(k)}" for k in keys if c.get(k) is not None)) for c in cells]
+    labels = [short_label(",".join(f"{k}={c.get(k)}" for k in keys if c.get(k) is not None)) for c in cells]
     ax.set_xticks(range(len(cells)), labels, rotation=35, ha="right", fontsize=8)
     ax.axhline(0.0, color="black", lw=0.8)
     ax.set(ylabel=f"perplexity vs {spec.baseline} (%, mean ± sd over seeds)", title=spec.name)
