@@ -179,12 +179,13 @@ def test_bad_declarations_name_the_key(scores, message):
 
 
 def test_the_package_scoring_studies_score_runs_of_their_source_study():
-    """extras_ptb and extras_wt2 parse, each glob names cells of the survey, the reference is one of them; and they
-    stay out of the training studies (python -m lmtrain.study list, --check)."""
+    """extras_ptb, extras_wt2 and extras_rf_ptb parse, each glob names cells of its source study, the reference is one
+    of them; and they stay out of the training studies (python -m lmtrain.study list, --check)."""
     from lmtrain.study.spec import package_studies
 
-    assert {"extras_ptb", "extras_wt2"} <= set(package_scores()) and not set(package_scores()) & set(package_studies())
-    for name in ("extras_ptb", "extras_wt2"):
+    names = ("extras_ptb", "extras_wt2", "extras_rf_ptb")
+    assert set(names) <= set(package_scores()) and not set(package_scores()) & set(package_studies())
+    for name in names:
         spec = load_scores(package_scores()[name])
         assert find_scores(name) == spec
         labels = [cell.label for cell in spec.source_spec().cells]
