@@ -41,6 +41,18 @@ TINY = [
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (``-n N``, README's fast suite) the N workers share the machine's cores: each takes its share
+    as torch threads, and lmtrain's own runs (``threads=auto``, command-line runs) are told that N processes share
+    them (``LMTRAIN_CONCURRENT_JOBS``), so no worker's threads wait on another's."""
+    from lmtrain.process.threads import JOBS_ENV, usable_cores
+
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    if workers > 1:
+        os.environ.setdefault(JOBS_ENV, str(workers))
+        torch.set_num_threads(max(1, usable_cores() // workers))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``cuda`` are skipped without a CUDA GPU (``pytest -m cuda`` selects them)."""
     if torch.cuda.is_available():

@@ -40,7 +40,8 @@ def test_threads_given_are_the_threads_used(scored_with):
 
 
 def test_threads_auto_takes_fewer_on_a_busy_machine(scored_with, monkeypatch):
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    for name in ("OMP_NUM_THREADS", threads.JOBS_ENV):  # no thread count given, no other job declared
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(threads, "usable_cores", lambda: 4)
     monkeypatch.setattr(threads, "busy_cores", lambda: 3.5)  # other processes hold 3.5 of the 4 cores
     assert scored_with() == 1

@@ -94,7 +94,8 @@ def test_a_half_busy_core_is_not_counted_free(four_cpus_reading):
 
 def test_the_reading_is_taken_only_when_there_is_a_choice(monkeypatch):
     monkeypatch.setattr(threads, "busy_cores", lambda: pytest.fail("measured without a choice to make"))
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    for name in ("OMP_NUM_THREADS", threads.JOBS_ENV):  # no thread count given, no other job declared
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(threads, "usable_cores", lambda: 1)
     assert threads.resolve_threads("auto") == 1
     monkeypatch.setattr(threads, "usable_cores", lambda: 4)
