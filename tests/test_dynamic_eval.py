@@ -1,23 +1,27 @@
 """Dynamic evaluation (lmtrain/tools/dynamic_eval.py): its steps against a hand computation, SGD mode against
-torch's SGD, exact causal scoring, the gradient statistics, every strategy through python -m lmtrain.score, and the
-trained weights untouched on disk and restored in memory."""
+torch's SGD, exact causal scoring, the gradient statistics, every strategy through python -m lmtrain.score, the
+trained weights untouched on disk and restored in memory, and the lr searched on the validation split."""
 
 from __future__ import annotations
 
 import copy
 import hashlib
 import json
+import math
 
 import pytest
 import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
 from torch import nn
 
 from lmtrain.data import batchify
-from lmtrain.output.cache import read_stream
-from lmtrain.tools.dynamic_eval import DynamicEvaluation, DynamicOptions, adapted, gradient_rms, rms_step
+from lmtrain.output.cache import THETAS, ppl, read_stream
+from lmtrain.tools import dynamic_eval, score_extras
+from lmtrain.tools.dynamic_eval import DynamicEvaluation, DynamicOptions, Method, adapted, gradient_rms, rms_step
 from lmtrain.tools.score import main as score_main
 from lmtrain.tools.score import score
-from lmtrain.tools.score_extras import extra_log_probs, extras_from
+from lmtrain.tools.score_extras import describe, extra_log_probs, extras_from
 from lmtrain.tools.trained import load_trained
 from lmtrain.training.step import carry
 
@@ -196,9 +200,95 @@ def test_bad_dynamic_options_are_one_line(trained_run, tmp_path, capsys):
         (["dynamic=true", "dynamic.lr=fast"], "dynamic.lr"),
         (["dynamic=true", "dynamic.method=adam"], "dynamic.method"),
         (["dynamic=true", "dynamic.segment=0"], "dynamic.segment must be >= 1"),
+        (["dynamic=true", "dynamic.search_tokens=10"], "dynamic.search_tokens must be >= 100"),
         (["dynamic.lr=0.1"], "needs dynamic=true"),
     ]:
         with pytest.raises(SystemExit):
             score_main([f"ckpt_path={run}", f"file={tmp_path / 'text.txt'}", *args])
         err = capsys.readouterr().err
         assert expected in err and len(err.strip().splitlines()) == 1, err
+
+
+def counted(monkeypatch, module, name):
+    """Replace ``module.name`` by a wrapper that records each call's arguments; the list of them."""
+    calls, original = [], getattr(module, name)
+
+    def wrapper(*args, **kwargs):
+        calls.append(args)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, wrapper)
+    return calls
+
+
+def test_a_left_out_lr_is_the_grid_lr_with_the_lowest_validation_prefix_perplexity(trained_run, monkeypatch):
+    """lr left out: one dynamic pass per grid lr over the validation split's first search_tokens tokens (here the
+    middle of three lrs wins, both ends diverge), each pass's perplexity the one a DynamicEvaluation at that lr gives
+    on that prefix, the gradient statistics computed once; the file is scored as with the winning lr given."""
+    run, _ = trained_run("full")
+    trained = load_trained(str(run), [], "cpu")
+    monkeypatch.setitem(dynamic_eval.LRS, Method.rms, (50.0, 1e-3, 1e3))
+    measured = []
+
+    def nan_first(log_p, real=score_extras.ppl):  # the first lr's (diverged: inf) read as nan, as weights gone nan give
+        measured.append(log_p)
+        return math.nan if len(measured) == 1 else real(log_p)
+
+    monkeypatch.setattr(score_extras, "ppl", nan_first)
+    statistics = counted(monkeypatch, score_extras, "gradient_rms")
+    reads = counted(monkeypatch, score_extras, "read_stream")
+    args = {"cache": "false", "dynamic": "true", "ckpt_path": str(run)}
+    keys = ["dynamic.stat_batch=4", "dynamic.stat_batches=2", "dynamic.search_tokens=150"]
+    stream = torch.randint(0, 100, (40,), generator=torch.Generator().manual_seed(7))
+    log_p, report = extra_log_probs(trained, extras_from(args, {"data.": [], "cache.": [], "dynamic.": keys}), stream)
+    found = report["dynamic"]
+    assert (found["lr"], found["searched"], found["search_tokens_read"]) == (1e-3, ["lr"], 150)
+    assert [t["lr"] for t in found["lr_tried"]] == [50.0, 1e-3, 1e3] and len(statistics) == 1
+    datamodule = instantiate(OmegaConf.load(run / "config.yaml").data)
+    datamodule.setup()
+    assert len(reads) == 4 and all(torch.equal(r[1], datamodule.valid_ids[:151]) for r in reads[:3])  # then the file
+    options = DynamicOptions(lr=1e-3, stat_batch=4, stat_batches=2)
+    evaluation = DynamicEvaluation(
+        trained.module, options, gradient_rms(trained.module, datamodule.train_ids, options, CPU)[0]
+    )
+    with torch.no_grad():
+        expected = ppl(read_stream(evaluation, datamodule.valid_ids[:151], 1, (), CPU, options.segment)[0])
+    evaluation.restore()
+    ppls = [t["ppl"] for t in found["lr_tried"]]
+    assert ppls[1] == pytest.approx(expected, rel=1e-6) and ppls[0] is None  # diverged: null, strict JSON
+    assert ppls[2] is None or ppls[2] > 2 * ppls[1]
+    json.dumps(report, allow_nan=False)
+    text = describe({**report, "seconds": 1.0, "seconds_per_1k_tokens": 1.0, "cpu_seconds_per_1k_tokens": 1.0})
+    assert (
+        "lr 0.001 (searched)" in text
+        and f"dynamic lr search: 150 validation tokens, ppl diverged at lr 50, {ppls[1]:.6g}" in text
+    )
+    given = ["dynamic.lr=0.001", *keys]
+    again, _ = extra_log_probs(trained, extras_from(args, {"data.": [], "cache.": [], "dynamic.": given}), stream)
+    torch.testing.assert_close(log_p, again)
+    # with the cache searched too: the lr first (dynamic alone), then the cache's search adapting at the chosen lr
+    del reads[:]
+    both = extras_from({**args, "cache": "true"}, {"data.": [], "cache.": ["cache.window=20"], "dynamic.": keys})
+    extra_log_probs(trained, both, stream)
+    assert [len(r[3]) for r in reads] == [0, 0, 0, len(THETAS), 1] and reads[3][0].options.lr == 1e-3
+
+
+def test_a_given_lr_is_used_with_no_search(trained_run, tmp_path, monkeypatch, capsys):
+    """dynamic.lr given: the statistics once, one pass (the file's), the report says lr not searched; with the cache
+    searched too, the lr is still not searched (cache search + file: two passes). DynamicEvaluation refuses no lr."""
+    run, _ = trained_run("full")
+    (tmp_path / "text.txt").write_text(" ".join(f"w{i % 7}" for i in range(30)) + "\n")
+    statistics = counted(monkeypatch, score_extras, "gradient_rms")
+    reads = counted(monkeypatch, score_extras, "read_stream")
+    args = [f"ckpt_path={run}", f"file={tmp_path / 'text.txt'}", "dynamic=true", "dynamic.lr=0.002"]
+    args += ["dynamic.stat_batches=2", "dynamic.stat_batch=4"]
+    assert score_main([*args, f"out={tmp_path / 'given.csv'}"]) == 0
+    out = capsys.readouterr().out
+    assert "lr 0.002, " in out and "searched" not in out and "lr search" not in out
+    written = json.loads((tmp_path / "given.json").read_text())["dynamic"]
+    assert (written["lr"], written["searched"], written["lr_tried"]) == (0.002, [], [])
+    assert (len(statistics), len(reads)) == (1, 1)
+    score([*args, "cache=true", "cache.window=20", f"out={tmp_path / 'both.csv'}"])
+    assert (len(statistics), len(reads)) == (2, 3)
+    with pytest.raises(ValueError, match="concrete lr"):
+        DynamicEvaluation(trained_model(trained_run), DynamicOptions(method="sgd"))

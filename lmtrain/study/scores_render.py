@@ -118,11 +118,11 @@ def render_scores_table(spec: ScoreSpec, records: list[dict[str, Any]]) -> str:
         "",
         f"Gain: each seed's perplexity with the mode relative to the same run's {baseline} perplexity, mean ± sd over"
         " seeds (negative: the mode helps). 'larger' / 'smaller': the mean gains differ by more than twice the pooled"
-        " sd of the two cells' seed gains; else 'tied'. The settings each scoring chose (cache θ and λ searched on the"
-        " validation split, dynamic evaluation's options) are in the records.",
+        " sd of the two cells' seed gains; else 'tied'. The settings each scoring chose (cache θ and λ, dynamic"
+        " evaluation's lr, searched on the validation split; the other options) are in the records.",
     ]
     if spec.speed:
-        lines += ["s / 1k tokens: the scoring pass alone (cache search and gradient statistics aside), wall seconds."]
+        lines += ["s / 1k tokens: the scoring pass alone (searches and gradient statistics aside), wall seconds."]
     lines += list(spec.notes)
     return "\n".join(lines) + "\n"
 

@@ -15,7 +15,8 @@ log-likelihood (what is scored); ``objective=train`` from the strategy's trainin
 input tokens: sampled softmax, NCE, ...), whose backward pass skips the normalization over the vocabulary; a
 strategy whose derived state follows its weights (a kernel sampler's tree) refreshes it after each step then.
 Every token is scored before any step that has read it. The weights change only in memory: ``restore`` puts θ_0
-back; nothing is written to the checkpoint.
+back; nothing is written to the checkpoint. An lr left out (null) is searched: the one of ``lr_grid`` with the
+lowest perplexity of the first ``search_tokens`` tokens of the run's validation split (``lmtrain.tools.score_extras``).
 """
 
 from __future__ import annotations
@@ -56,12 +57,27 @@ class DynamicOptions(Checked):
 
     method: Method = Method.rms
     objective: Objective = Objective.exact
-    lr: float = field(default=5e-5, metadata={"above": 0})  # η
+    lr: float | None = field(default=None, metadata={"above": 0})  # η; None: searched (lr_grid)
     decay: float = field(default=2e-3, metadata={"at_least": 0})  # λ, the pull to the trained weights (rms)
     eps: float = field(default=2e-5, metadata={"above": 0})  # added to the RMS (rms)
     segment: int = field(default=5, metadata=AT_LEAST_1)  # tokens scored per step
     stat_batch: int = field(default=100, metadata=AT_LEAST_1)  # rows of a training batch of the statistics
     stat_batches: int | None = field(default=200, metadata=AT_LEAST_1)  # training batches read; None: all
+    search_tokens: int = field(default=10000, metadata={"at_least": 100})  # validation tokens scored per lr tried
+
+
+# The lrs searched, per method. An rms step divides g by its training RMS, so lr is near the step per weight; an sgd
+# step is lr g raw, so the same step size needs an lr thousands of times larger. On PTB runs of the survey both
+# grids bracket the best lr (rms: 2e-5 to 5e-5 with either objective; sgd: about 0.3).
+LRS: dict[Method, tuple[float, ...]] = {
+    Method.rms: (5e-6, 1e-5, 2e-5, 5e-5, 1e-4),
+    Method.sgd: (0.05, 0.1, 0.2, 0.5, 1.0),
+}
+
+
+def lr_grid(method: Method | str) -> tuple[float, ...]:
+    """The lrs a search tries for ``method`` (``LRS``)."""
+    return LRS[Method(method)]
 
 
 def adapted(module: nn.Module) -> list[nn.Parameter]:
@@ -140,6 +156,8 @@ class DynamicEvaluation:
     only). ``restore`` puts the trained weights back."""
 
     def __init__(self, module: Any, options: DynamicOptions, rms: list[Tensor] | None = None) -> None:
+        if options.lr is None:  # the search (score_extras) resolves it first
+            raise ValueError("dynamic evaluation needs a concrete lr: pass dynamic.lr or search it (lr_grid)")
         self.module, self.options = module, options
         self.params = adapted(module)
         self.start = [p.detach().clone() for p in self.params]  # θ_0

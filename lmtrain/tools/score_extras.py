@@ -3,7 +3,9 @@ dynamic evaluation (``lmtrain.tools.dynamic_eval``), alone or together, over the
 
 ``cache.KEY=VALUE`` and ``dynamic.KEY=VALUE`` set their options; the cache's start from the run config's
 ``eval.cache`` (a preset's published values), then its options' defaults. The run's data is read when needed: its
-validation split for a θ or λ left out, its training split for the gradient statistics of ``dynamic.method=rms``.
+validation split for a θ, λ or ``dynamic.lr`` left out, its training split for the gradient statistics of
+``dynamic.method=rms`` (computed once, whatever the lrs tried). An lr left out is chosen first: one dynamic pass
+per lr of the grid over the first ``dynamic.search_tokens`` validation tokens, the lowest perplexity wins.
 With both, the model adapts as it reads and the cache reads the adapted model's hidden states; the steps follow
 the model's own loss (not the mixture's), so one pass over the validation split still tries every (θ, λ).
 Each pass shows its progress; the settings print with the result and go into RUN/score/STEM.json beside the CSV.
@@ -14,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -28,8 +31,15 @@ from omegaconf.errors import OmegaConfBaseException
 from torch import Tensor
 
 from lmtrain.data.errors import DataError
-from lmtrain.output.cache import SEGMENT, CacheOptions, Setting, choose, grid, mix, mixes, read_stream
-from lmtrain.tools.dynamic_eval import DynamicEvaluation, DynamicOptions, Method, gradient_rms, statistics_batches
+from lmtrain.output.cache import SEGMENT, CacheOptions, Setting, choose, grid, mix, mixes, ppl, read_stream
+from lmtrain.tools.dynamic_eval import (
+    DynamicEvaluation,
+    DynamicOptions,
+    Method,
+    gradient_rms,
+    lr_grid,
+    statistics_batches,
+)
 from lmtrain.tools.trained import TrainedModel, resolve_checkpoint, run_config
 from lmtrain.training.step import window_log_prob
 
@@ -129,13 +139,41 @@ def run_data(trained: TrainedModel, run_cfg: DictConfig) -> Any:
     return datamodule
 
 
-def adapting(trained: TrainedModel, options: DynamicOptions, train_ids: Tensor) -> tuple[DynamicEvaluation, dict]:
-    """Dynamic evaluation of the trained model (with the gradient statistics of ``method=rms``) and its report."""
+def read(
+    scorer: Any, ids: Tensor, window: int, thetas: tuple[float, ...], device: torch.device, segment: int, what: str
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``read_stream`` with its progress shown; a dynamic scorer's trained weights are restored after the pass."""
+    progress = Progress(what, ids.numel() - 1)
+    try:
+        with torch.no_grad():  # dynamic evaluation turns gradients on for its steps
+            return read_stream(scorer, ids, window, thetas, device, segment, progress)
+    finally:
+        if isinstance(scorer, DynamicEvaluation):
+            scorer.restore()  # the trained weights again, in memory; the checkpoint was only read
+
+
+def adapting(trained: TrainedModel, options: DynamicOptions, data: Any) -> tuple[DynamicEvaluation, dict]:
+    """Dynamic evaluation of the trained model (with the gradient statistics of ``method=rms``, computed once) at
+    the given lr, else at the lr of ``lr_grid`` with the lowest perplexity of the validation split's first
+    ``search_tokens`` tokens; and its report."""
     rms, batches = None, 0
     if options.method == Method.rms:
-        progress = Progress("gradient statistics", statistics_batches(train_ids.numel(), options), "batches")
-        rms, batches = gradient_rms(trained.module, train_ids, options, trained.device, progress)
-    return DynamicEvaluation(trained.module, options, rms), {**json_ready(options), "statistics_batches": batches}
+        progress = Progress("gradient statistics", statistics_batches(data.train_ids.numel(), options), "batches")
+        rms, batches = gradient_rms(trained.module, data.train_ids, options, trained.device, progress)
+    chosen, search = options, {"searched": [], "search_tokens_read": 0, "lr_tried": []}
+    if options.lr is None:
+        prefix = data.valid_ids[: options.search_tokens + 1]  # (search_tokens + 1,): search_tokens predicted
+        for lr in lr_grid(options.method):
+            scorer = DynamicEvaluation(trained.module, dataclasses.replace(options, lr=lr), rms)
+            what = f"dynamic lr search on the validation split, lr={lr:g}"
+            value = ppl(read(scorer, prefix, 1, (), trained.device, options.segment, what)[0])
+            # a diverged pass (inf or NaN) is recorded as null (strict JSON) and ranks last
+            search["lr_tried"].append({"lr": lr, "ppl": value if math.isfinite(value) else None})
+        best = min(search["lr_tried"], key=lambda tried: math.inf if tried["ppl"] is None else tried["ppl"])
+        chosen = dataclasses.replace(options, lr=best["lr"])
+        search.update(searched=["lr"], search_tokens_read=prefix.numel() - 1)
+    report = {**json_ready(chosen), "statistics_batches": batches, **search}
+    return DynamicEvaluation(trained.module, chosen, rms), report
 
 
 def extra_log_probs(trained: TrainedModel, extras: Extras, stream: Tensor) -> tuple[Tensor, dict]:
@@ -146,23 +184,15 @@ def extra_log_probs(trained: TrainedModel, extras: Extras, stream: Tensor) -> tu
     report: dict[str, Any] = {"cache": None, "dynamic": None}
     scorer: Any = functools.partial(window_log_prob, trained.module.encoder, trained.module.output)
     segment, window = SEGMENT, cache.window if cache is not None else 1
-    if dynamic is not None:
-        (scorer, report["dynamic"]), segment = adapting(trained, dynamic, data.train_ids), dynamic.segment
-
-    def read(ids: Tensor, thetas: tuple[float, ...], what: str) -> tuple[Tensor, Tensor, Tensor]:
-        progress = Progress(what, ids.numel() - 1)
-        try:
-            with torch.no_grad():  # dynamic evaluation turns gradients on for its steps
-                return read_stream(scorer, ids, window, thetas, trained.device, segment, progress)
-        finally:
-            if dynamic is not None:
-                scorer.restore()  # the trained weights again, in memory; the checkpoint was only read
-
+    if dynamic is not None:  # its lr first (dynamic alone), then the cache's search with the model adapting at it
+        (scorer, report["dynamic"]), segment = adapting(trained, dynamic, data), dynamic.segment
     setting = Setting(cache.theta, cache.lam) if cache is not None and not searched else None
     if searched:
-        setting = choose(*read(data.valid_ids, grid(cache)[0], "cache search on the validation split"), cache)
+        what = "cache search on the validation split"
+        setting = choose(*read(scorer, data.valid_ids, window, grid(cache)[0], trained.device, segment, what), cache)
     started, cpu = time.perf_counter(), time.process_time()
-    log_p, log_mass, held = read(stream, () if cache is None else (setting.theta,), "scoring")
+    thetas = () if cache is None else (setting.theta,)
+    log_p, log_mass, held = read(scorer, stream, window, thetas, trained.device, segment, "scoring")
     seconds, thousands = time.perf_counter() - started, max(stream.numel() - 1, 1) / 1000
     report.update(seconds=seconds, seconds_per_1k_tokens=seconds / thousands)
     report.update(cpu_seconds_per_1k_tokens=(time.process_time() - cpu) / thousands)  # on a shared machine
@@ -171,6 +201,11 @@ def extra_log_probs(trained: TrainedModel, extras: Extras, stream: Tensor) -> tu
         chosen = {"theta": setting.theta, "lam": setting.lam, "searched": list(setting.searched)}
         report["cache"] = {**json_ready(cache), **chosen, "val_ppl": setting.val_ppl}
     return log_p, report
+
+
+def diverged_or(value: float | None) -> str:
+    """A searched candidate's perplexity as printed: 'diverged' for a pass that did not stay finite."""
+    return "diverged" if value is None else f"{value:.6g}"
 
 
 def json_ready(options: Any) -> dict[str, Any]:
@@ -188,12 +223,17 @@ def describe(report: dict[str, Any]) -> str:
         val = f"; validation ppl {cache['val_ppl']:.3f} with them" if searched else ""
         lines.append(f"cache: window {cache['window']}, {chosen}, warmup {cache['warmup']}{val}")
     if (dynamic := report.get("dynamic")) is not None:
+        searched = "lr" in dynamic["searched"]
         line = f"dynamic: method {dynamic['method']}, objective {dynamic['objective']}, lr {dynamic['lr']:g}"
+        line += " (searched)" if searched else ""
         if dynamic["method"] == "rms":
             line += f", decay {dynamic['decay']:g}, eps {dynamic['eps']:g}"
             line += f", gradient statistics from {dynamic['statistics_batches']} training batches of "
             line += f"{dynamic['stat_batch']}x{dynamic['segment']} tokens"
         lines.append(line + f", segments of {dynamic['segment']} tokens")
+        if searched:
+            tried = ", ".join(f"{diverged_or(t['ppl'])} at lr {t['lr']:g}" for t in dynamic["lr_tried"])
+            lines.append(f"dynamic lr search: {dynamic['search_tokens_read']:,} validation tokens, ppl {tried}")
     per = f"{report['seconds_per_1k_tokens']:.3f} s per 1,000 tokens ({report['cpu_seconds_per_1k_tokens']:.3f} s CPU)"
     lines.append(f"scoring: {report['seconds']:.1f} s, {per}")
     return "\n".join(lines)
