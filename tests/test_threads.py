@@ -4,6 +4,7 @@ keep busy."""
 from __future__ import annotations
 
 import logging
+import os
 import re
 
 import pytest
@@ -105,3 +106,17 @@ def test_the_reading_is_taken_only_when_there_is_a_choice(monkeypatch):
 def test_busy_cores_reads_this_machine():
     busy = threads.busy_cores(0.05)
     assert busy is None or 0.0 <= busy <= threads.usable_cores() + 0.5
+
+
+def test_jobs_sharing_cores_declares_the_jobs_and_puts_back_what_was_there(monkeypatch):
+    """A study's runs and a scoring study's calls read the jobs from the variable; after the block (an exception
+    included) the caller's own value, or none, is back: a study must not leave its process declaring jobs."""
+    monkeypatch.delenv(threads.JOBS_ENV, raising=False)
+    with threads.jobs_sharing_cores(3):
+        assert os.environ[threads.JOBS_ENV] == "3" and threads.concurrent_jobs() == 3
+    assert threads.JOBS_ENV not in os.environ
+    monkeypatch.setenv(threads.JOBS_ENV, "2")
+    with pytest.raises(RuntimeError), threads.jobs_sharing_cores(5):
+        assert threads.concurrent_jobs() == 5
+        raise RuntimeError("a failed run")
+    assert os.environ[threads.JOBS_ENV] == "2"

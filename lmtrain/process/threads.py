@@ -7,6 +7,8 @@ import logging
 import math
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -36,6 +38,21 @@ def concurrent_jobs() -> int:
     if os.environ.get(JOBS_ENV):
         return max(1, int(os.environ[JOBS_ENV])) * ranks
     return max(1, _launcher_jobs()) * ranks
+
+
+@contextmanager
+def jobs_sharing_cores(jobs: int) -> Iterator[None]:
+    """Within: ``LMTRAIN_CONCURRENT_JOBS`` says ``jobs`` processes share the cores (``threads=auto`` of this process
+    and of every child started meanwhile reads it); the previous value after."""
+    previous = os.environ.get(JOBS_ENV)
+    os.environ[JOBS_ENV] = str(jobs)
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ[JOBS_ENV]
+        else:
+            os.environ[JOBS_ENV] = previous
 
 
 def _launcher_jobs() -> int:

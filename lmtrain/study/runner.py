@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import fnmatch
 import json
-import os
 import re
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from lmtrain.process.threads import JOBS_ENV, resolve_threads
+from lmtrain.process.threads import jobs_sharing_cores, resolve_threads
 from lmtrain.study.records import append_record, build_record, code_version, read_records
 from lmtrain.study.reuse import reusable, reused_record
 from lmtrain.study.spec import Run, StudySpec
@@ -143,16 +142,9 @@ def run_study(
     total = len(spec.runs())
     recorded = total - len(missing) + len(chosen) - len(left)
     print(f"study {spec.name}: {recorded} of {total} runs recorded, {len(pending)} to run")
-    previous = os.environ.get(JOBS_ENV)
-    os.environ[JOBS_ENV] = str(jobs)  # threads=auto of every run (inherited) shares the cores among the jobs
     code = code_version()  # one commit for the whole call
-    try:
-        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            for line in pool.map(lambda run: execute(spec, run, root, runs_root, code), pending):
-                print(line, flush=True)
-    finally:
-        if previous is None:
-            del os.environ[JOBS_ENV]
-        else:
-            os.environ[JOBS_ENV] = previous
+    # threads=auto of every run (inherited) shares the cores among the jobs
+    with jobs_sharing_cores(jobs), ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        for line in pool.map(lambda run: execute(spec, run, root, runs_root, code), pending):
+            print(line, flush=True)
     return len(pending)

@@ -22,14 +22,14 @@ import math
 import multiprocessing
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from lmtrain.process.threads import jobs_sharing_cores
 from lmtrain.study.records import append_record, code_version, device_name, read_records
 from lmtrain.study.runner import command, records_path, training_folder
 from lmtrain.study.scores_spec import ScoreSpec
@@ -237,22 +237,6 @@ def outcome(record: dict[str, Any]) -> str:
     return f"{record['key']}: ppl {record['ppl']:.2f} ({record['seconds']:.0f} s{speed})"
 
 
-@contextmanager
-def sharing_cores(jobs: int) -> Iterator[None]:
-    """``threads=auto`` of every call (and worker) shares the cores among ``jobs``, as ``run_study`` does."""
-    from lmtrain.process.threads import JOBS_ENV
-
-    previous = os.environ.get(JOBS_ENV)
-    os.environ[JOBS_ENV] = str(jobs)
-    try:
-        yield
-    finally:
-        if previous is None:
-            del os.environ[JOBS_ENV]
-        else:
-            os.environ[JOBS_ENV] = previous
-
-
 def run_scores(
     spec: ScoreSpec, root: Path, runs_root: Path, jobs: int = 1, limit: int | None = None, cells: str | None = None
 ) -> int:
@@ -263,7 +247,7 @@ def run_scores(
     pending = pending_jobs(spec, root, runs_root, cells, code_version())[:limit]  # one commit for the whole call
     print(f"study {spec.name}: {len(pending)} (run, mode) pairs to score", flush=True)
     path, done = records_file(spec, root), 0
-    with sharing_cores(jobs):
+    with jobs_sharing_cores(jobs):
         if jobs <= 1:  # in this process, one after another
             for job in pending:
                 done += _land(job, functools.partial(score_job, job), path)
