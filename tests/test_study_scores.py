@@ -122,6 +122,29 @@ def test_a_scoring_study_records_each_run_and_mode_once_and_resumes(source, tmp_
     assert (root / "extras" / "plot.png").stat().st_size > 0
 
 
+@pytest.mark.slow
+def test_parallel_jobs_give_the_records_one_process_gives(source, tmp_path, capsys):
+    """--jobs 2 scores each (run, mode) in a fresh process: every pair recorded once, with the numbers the in-process
+    path gives (plain: the run's own test perplexity; the deterministic modes: the same perplexity as --jobs 1)."""
+    path, root, runs = source
+    declared = {"study": str(path), "cells": "output=*", "modes": MODES, "overrides": ["device=cpu", "threads=1"]}
+    by_jobs = {}
+    for jobs in (1, 2):
+        study = tmp_path / f"extras_jobs{jobs}.yaml"
+        study.write_text(yaml.safe_dump({"description": "tiny extras", "scores": declared}, sort_keys=False))
+        assert study_main([str(study), "--root", str(root), "--runs", str(runs), "--jobs", str(jobs)]) == 0
+        records = read_records(root / study.stem / "records.jsonl")
+        assert sorted(r["key"] for r in records) == sorted(
+            f"output=full,seed={s},mode={m}" for s in (1, 2) for m in MODES
+        )
+        by_jobs[jobs] = {r["key"]: r for r in records}
+    capsys.readouterr()
+    for key, record in by_jobs[2].items():
+        assert record["status"] == "ok" and record["ppl"] == pytest.approx(by_jobs[1][key]["ppl"], rel=1e-5)
+        if record["mode"] == "plain":
+            assert record["ppl"] == pytest.approx(record["trained_test_ppl"], rel=1e-5)
+
+
 def fake(cell: str, seed: int, mode: str, ppl: float | None) -> dict:
     return {
         "key": f"output={cell},seed={seed},mode={mode}",
