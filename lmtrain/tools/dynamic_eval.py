@@ -67,8 +67,8 @@ class DynamicOptions(Checked):
 
 
 # The lrs searched, per method. An rms step divides g by its training RMS, so lr is near the step per weight; an sgd
-# step is lr g raw, so the same step size needs an lr thousands of times larger. On PTB runs of the survey both
-# grids bracket the best lr (rms: 2e-5 to 5e-5 with either objective; sgd: about 0.3).
+# step is lr g raw, so the same step size needs an lr thousands of times larger. Each score report lists every
+# candidate's perplexity, so a best lr at a grid's end shows there.
 LRS: dict[Method, tuple[float, ...]] = {
     Method.rms: (5e-6, 1e-5, 2e-5, 5e-5, 1e-4),
     Method.sgd: (0.05, 0.1, 0.2, 0.5, 1.0),
