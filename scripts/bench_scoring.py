@@ -23,13 +23,11 @@ import gc
 import json
 import shlex
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
-from bench_train import data_overrides, labelled
+from bench_train import data_overrides, labelled, parse_bench_args
 from torch import Tensor
 
 from lmtrain.config import compose_config
@@ -47,11 +45,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--positions", type=int, default=20_000, help="test positions scored per round")
     parser.add_argument("--window", type=int, default=200, help="positions per log_prob call (an eval window)")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    parser.add_argument("--json", type=Path, default=None, help="write the record here")
-    args = parser.parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)
-    return args
+    return parse_bench_args(parser, argv)
 
 
 def overrides(args: argparse.Namespace, data: str, entry: str) -> list[str]:

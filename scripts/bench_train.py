@@ -137,6 +137,16 @@ def lmtrain_round(
     return training_throughput(run_dir, warmup), losses
 
 
+def parse_bench_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """A side-by-side bench's arguments, with the ones every such bench takes (``--threads``, ``--json``) added and
+    the command line kept (``args.argv``) for the record's ``command``."""
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--json", type=Path, default=None, help="write the record here")
+    args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    return args
+
+
 def labelled(entry: str) -> tuple[str, str]:
     """``LABEL=OUTPUT[:OVERRIDE...]`` -> (LABEL, OUTPUT[:OVERRIDE...]); an entry without a label is its own label.
     A label is told from an override by coming before the first colon."""

@@ -100,25 +100,25 @@ def write_text_corpus(folder: Path, words: int = 60, seed: int = 0) -> Path:
 
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[Path, dict[str, float]]]:
-    """trained_run(output, corpus) -> (run folder, final metrics) of a tiny run trained for 8 steps and tested with
-    data.eval_batch_size=1, one per (output, corpus) in the session. corpus "synthetic": no <eos>, no <unk>;
-    "text": write_text_corpus, lines end in <eos> and the vocabulary has <unk>."""
+    """trained_run(output, corpus, *overrides) -> (run folder, final metrics) of a tiny run trained for 8 steps and
+    tested with data.eval_batch_size=1, one per (output, corpus, overrides) in the session. corpus "synthetic": no
+    <eos>, no <unk>; "text": write_text_corpus, lines end in <eos> and the vocabulary has <unk>."""
     from lmtrain.run.run import train
 
-    runs: dict[tuple[str, str], tuple[Path, dict[str, float]]] = {}
+    runs: dict[tuple[str, ...], tuple[Path, dict[str, float]]] = {}
 
-    def get(output: str = "full", corpus: str = "synthetic") -> tuple[Path, dict[str, float]]:
-        if (output, corpus) not in runs:
+    def get(output: str = "full", corpus: str = "synthetic", *more: str) -> tuple[Path, dict[str, float]]:
+        key = (output, corpus, *more)
+        if key not in runs:
             root = tmp_path_factory.mktemp(f"{output}-{corpus}")
             common = [o for o in TINY if not o.startswith(("data=", "data.train_", "data.valid_", "data.test_"))]
             if corpus == "synthetic":
                 data = ["data=synthetic", "data.train_tokens=6000", "data.valid_tokens=600", "data.test_tokens=600"]
             else:
                 data = ["data=text", f"data.path={write_text_corpus(root / 'corpus')}", f"data.cache_dir={root}/cache"]
-            cfg = make_config([*common, *data, f"output={output}", "trainer.max_steps=8", "data.eval_batch_size=1",
-                               f"run_dir={root / 'run'}"])  # fmt: skip
-            runs[output, corpus] = root / "run", train(cfg)
-        return runs[output, corpus]
+            steps = ["trainer.max_steps=8", "data.eval_batch_size=1", f"run_dir={root / 'run'}"]
+            runs[key] = root / "run", train(make_config([*common, *data, f"output={output}", *more, *steps]))
+        return runs[key]
 
     return get
 

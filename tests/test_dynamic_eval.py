@@ -8,6 +8,7 @@ import copy
 import hashlib
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -139,6 +140,56 @@ def test_a_token_never_changes_its_own_score_or_any_before_it(trained_run):
     torch.testing.assert_close(b[12], log_probs[2, second[13]])
 
 
+def kernel_log_q(module, ids, seed=8):
+    """The rff tree's log q (via its node sums and buckets) of ``ids`` for a few fixed random queries."""
+    query = torch.randn(3, module.output.weight.shape[1], generator=torch.Generator().manual_seed(seed))  # (3, d')
+    return module.output.sampler.propose(query).log_q(ids.expand(3, -1))  # (3, k)
+
+
+@pytest.mark.parametrize("proposal", ["trained", "current"])
+def test_the_training_objectives_proposal_is_the_trained_tree_or_refreshed(trained_run, proposal):
+    """objective=train on rff: with proposal=trained the tree stays the one built from θ_0 (its log q equal a copy of
+    the trained model's, and its buckets read a copy, not the moving parameter); with proposal=current it is the
+    tree of the adapted weights after every step."""
+    module = trained_model(trained_run, "rff")
+    trained = copy.deepcopy(module)
+    options = DynamicOptions(method="sgd", objective="train", proposal=proposal, lr=0.5, segment=4)
+    evaluation = DynamicEvaluation(module, options)
+    stream, state = torch.randint(0, 100, (13,), generator=torch.Generator().manual_seed(7)), None
+    for inputs, targets in segments(stream, 4):
+        _, _, state = evaluation((inputs, targets), state)
+    weight = module.output.weight
+    assert not torch.allclose(weight, trained.output.weight)  # the steps moved the class vectors
+    ids = torch.arange(weight.shape[0])[None]  # every class
+    if proposal == "trained":
+        assert module.output.sampler.tree.weight.data_ptr() != weight.data_ptr()
+        torch.testing.assert_close(kernel_log_q(module, ids), kernel_log_q(trained, ids), rtol=0, atol=0)
+    else:
+        trained.output.sampler.rebuild(weight.detach().clone())  # a tree built afresh from the adapted weights
+        torch.testing.assert_close(kernel_log_q(module, ids), kernel_log_q(trained, ids), rtol=1e-4, atol=1e-5)
+        assert not torch.allclose(kernel_log_q(module, ids), kernel_log_q(trained_model(trained_run, "rff"), ids))
+    evaluation.restore()  # the parameter itself again, and the tree rebuilt from it
+    assert module.output.sampler.tree.weight.data_ptr() == weight.data_ptr()
+    torch.testing.assert_close(kernel_log_q(module, ids), kernel_log_q(trained_model(trained_run, "rff"), ids))
+
+
+@pytest.mark.parametrize("proposal", ["trained", "current"])
+def test_a_learning_proposal_is_fixed_or_learns_and_is_restored(trained_run, proposal):
+    """adaptive_ngram's mixture logits (a persistent buffer, not a parameter): proposal=trained leaves them as
+    trained, proposal=current steps them as training does; restore puts them back either way."""
+    run, _ = trained_run("sampled", "synthetic", "sampler=adaptive_ngram", "sampler.lr=0.5")
+    module = load_trained(str(run), [], "cpu").module
+    logits = module.output.sampler.logits
+    start = logits.clone()
+    options = DynamicOptions(method="sgd", objective="train", proposal=proposal, lr=0.1, segment=4)
+    evaluation = DynamicEvaluation(module, options)
+    stream = torch.randint(0, 100, (21,), generator=torch.Generator().manual_seed(9))
+    read_stream(evaluation, stream, 1, (), CPU, segment=4)
+    assert torch.equal(logits, start) == (proposal == "trained")
+    evaluation.restore()
+    assert torch.equal(logits, start)
+
+
 def test_the_gradient_statistics_are_the_rms_over_training_batches(trained_run):
     module = trained_model(trained_run)
     train_ids = torch.randint(0, 100, (400,), generator=torch.Generator().manual_seed(5))
@@ -174,7 +225,8 @@ def test_every_strategy_scores_dynamically_and_the_checkpoint_stays(trained_run,
     args = [f"ckpt_path={run}", f"file={text}", "dynamic=true", *stats, "dynamic.lr=0.01", "cache=true"]
     assert score_main([*args, "cache.theta=0.3", "cache.lam=0.1", f"out={tmp_path / 'dyn.csv'}"]) == 0
     out = capsys.readouterr().out
-    assert f"dynamic: method rms, objective {objective}, lr 0.01" in out and "cache: window 500, theta 0.3" in out
+    shown = "train (proposal trained)" if objective == "train" else objective
+    assert f"dynamic: method rms, objective {shown}, lr 0.01" in out and "cache: window 500, theta 0.3" in out
     written = json.loads((tmp_path / "dyn.json").read_text())
     assert written["dynamic"]["statistics_batches"] == 2 and written["ppl"] != pytest.approx(plain.ppl, rel=1e-4)
     assert digest(run) == before
@@ -292,3 +344,19 @@ def test_a_given_lr_is_used_with_no_search(trained_run, tmp_path, monkeypatch, c
     assert (len(statistics), len(reads)) == (2, 3)
     with pytest.raises(ValueError, match="concrete lr"):
         DynamicEvaluation(trained_model(trained_run), DynamicOptions(method="sgd"))
+
+
+def test_the_dynamic_bench_times_every_mode_from_the_trained_weights(trained_run, tmp_path, monkeypatch):
+    """scripts/bench_dynamic.py on a tiny rff run: each mode's seconds and perplexity, ``exact`` the ratios' base,
+    and the record written as returned."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts"))
+    import bench_dynamic
+
+    run, _ = trained_run("rff")
+    out = tmp_path / "dynamic.json"
+    argv = ["--runs", f"rff={run}", "--tokens", "40", "--rounds", "1", "--stat-batches", "2", "--lr", "0.01"]
+    record = bench_dynamic.main([*argv, "--threads", "1", "--json", str(out)])
+    table = record["runs"]["rff"]
+    assert set(table["seconds_per_1k_tokens"]) == {"exact", "train:trained", "train:current"}
+    assert table["ratio_to_exact"]["exact"] == 1.0 and all(math.isfinite(p) for p in table["ppl"].values())
+    assert json.loads(out.read_text()) == record and record["command"].startswith("python scripts/bench_dynamic.py")

@@ -73,6 +73,10 @@ class OutputLayer(nn.Module, Part):
     def after_optimizer_step(self) -> None:
         """Called once after every optimizer step; default: nothing to refresh."""
 
+    def pin_proposal(self) -> None:
+        """Keep the proposal as the current weights give it until the next ``before_checkpoint``, however the weights
+        move (dynamic evaluation's training objective): derived state built from a copy of them. Default: none."""
+
     def before_checkpoint(self) -> None:
         """Called whenever a checkpoint is written: derived state that the steps keep up to date incrementally is
         rebuilt from the weights, as loading the checkpoint rebuilds it, so that this process and one resumed from

@@ -12,11 +12,16 @@ the step is normalized per weight, and the pull back to θ_0 is stronger where t
 is the mean over every adapted weight (the paper's; the reference code averages the tensors' means instead).
 ``method=sgd`` is θ <- θ - lr g: no statistics, no decay. ``objective=exact`` takes g from the exact
 log-likelihood (what is scored); ``objective=train`` from the strategy's training loss (``output.loss`` with the
-input tokens: sampled softmax, NCE, ...), whose backward pass skips the normalization over the vocabulary; a
-strategy whose derived state follows its weights (a kernel sampler's tree) refreshes it after each step then.
-Every token is scored before any step that has read it. The weights change only in memory: ``restore`` puts θ_0
-back; nothing is written to the checkpoint. An lr left out (null) is searched: the one of ``lr_grid`` with the
-lowest perplexity of the first ``search_tokens`` tokens of the run's validation split (``lmtrain.tools.score_extras``).
+input tokens: sampled softmax, NCE, ...), whose backward pass skips the normalization over the vocabulary. Its
+proposal, with ``proposal=trained``, stays the trained model's for the pass: state derived from the class vectors (a
+kernel sampler's tree) is built once from a copy of θ_0 and a proposal that learns (adaptive_ngram) does not step,
+so its draws and log q stay exact for that fixed proposal and a step costs no refresh over the vocabulary;
+``proposal=current`` refreshes it after every step, as training does (a kernel tree rebuilt over every class each
+segment, since every row moves). Proposals computed from the current weights (softmax, quartic) follow them in
+both. Every token is scored before any step that has read it. The weights change only in memory: ``restore`` puts
+θ_0 back (and the buffers a proposal learns); nothing is written to the checkpoint. An lr left out (null) is
+searched: the one of ``lr_grid`` with the lowest perplexity of the first ``search_tokens`` tokens of the run's
+validation split (``lmtrain.tools.score_extras``).
 """
 
 from __future__ import annotations
@@ -43,6 +48,14 @@ class Method(Choice):
     sgd = "sgd"
 
 
+class ProposalState(Choice):
+    """With ``objective=train``, the sampled loss's proposal during the pass: ``trained`` (fixed at θ_0: derived
+    state built once, no proposal learning) or ``current`` (refreshed after every step, as in training)."""
+
+    trained = "trained"
+    current = "current"
+
+
 class Objective(Choice):
     """The loss whose gradient a step takes: ``exact`` (the exact negative log-likelihood) or ``train`` (the
     strategy's training loss)."""
@@ -57,6 +70,7 @@ class DynamicOptions(Checked):
 
     method: Method = Method.rms
     objective: Objective = Objective.exact
+    proposal: ProposalState = ProposalState.trained  # objective=train: the proposal fixed at θ_0 or refreshed
     lr: float | None = field(default=None, metadata={"above": 0})  # η; None: searched (lr_grid)
     decay: float = field(default=2e-3, metadata={"at_least": 0})  # λ, the pull to the trained weights (rms)
     eps: float = field(default=2e-5, metadata={"above": 0})  # added to the RMS (rms)
@@ -161,6 +175,12 @@ class DynamicEvaluation:
         self.module, self.options = module, options
         self.params = adapted(module)
         self.start = [p.detach().clone() for p in self.params]  # θ_0
+        # what a proposal learns lives in persistent buffers (adaptive_ngram's mixture logits): kept to restore
+        persistent = module.state_dict(keep_vars=True)
+        self.start_buffers = {n: b.detach().clone() for n, b in module.named_buffers() if n in persistent}
+        self.refreshes = options.objective == Objective.train and options.proposal == ProposalState.current
+        if options.objective == Objective.train and not self.refreshes:
+            module.output.pin_proposal()  # a tree over a copy of θ_0, kept for the pass
         self.denominators: list[Tensor] = []  # RMS + eps
         self.pulls: list[Tensor] = []  # decay · min(RMS / mean(RMS), 1 / decay): the pull to θ_0, at most 1
         if options.method == Method.rms:
@@ -185,7 +205,7 @@ class DynamicEvaluation:
             rms_step(self.params, grads, self.start, self.denominators, self.pulls, opts.lr)
         else:
             sgd_step(self.params, grads, opts.lr)
-        if opts.objective == Objective.train:  # the training loss reads derived state: refresh it (all rows changed)
+        if self.refreshes:  # the training loss reads derived state: refresh it (all rows changed)
             for param, grad in zip(self.params, grads, strict=True):
                 param.grad = grad
             self.module.output.after_optimizer_step()
@@ -194,7 +214,10 @@ class DynamicEvaluation:
 
     @torch.no_grad()
     def restore(self) -> None:
-        """The trained weights again (and the output's derived state rebuilt from them)."""
+        """The trained weights and persistent buffers again (and the output's derived state rebuilt from them)."""
         for param, origin in zip(self.params, self.start, strict=True):
             param.copy_(origin)
+        for name, buffer in self.module.named_buffers():
+            if name in self.start_buffers:
+                buffer.copy_(self.start_buffers[name])
         self.module.output.before_checkpoint()

@@ -224,7 +224,10 @@ def describe(report: dict[str, Any]) -> str:
         lines.append(f"cache: window {cache['window']}, {chosen}, warmup {cache['warmup']}{val}")
     if (dynamic := report.get("dynamic")) is not None:
         searched = "lr" in dynamic["searched"]
-        line = f"dynamic: method {dynamic['method']}, objective {dynamic['objective']}, lr {dynamic['lr']:g}"
+        objective = dynamic["objective"]
+        if objective == "train":
+            objective += f" (proposal {dynamic['proposal']})"
+        line = f"dynamic: method {dynamic['method']}, objective {objective}, lr {dynamic['lr']:g}"
         line += " (searched)" if searched else ""
         if dynamic["method"] == "rms":
             line += f", decay {dynamic['decay']:g}, eps {dynamic['eps']:g}"

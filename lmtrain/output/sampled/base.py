@@ -218,6 +218,9 @@ class SampledOutput(OutputLayer):
     def after_optimizer_step(self) -> None:
         self.sampler.update(self.weight.detach(), changed_rows(self.weight))
 
+    def pin_proposal(self) -> None:
+        self.sampler.rebuild(self.weight.detach().clone())  # a tree's buckets then read the copy, not the parameter
+
     def before_checkpoint(self) -> None:
         self.sampler.rebuild(self.weight.detach())  # what loading this checkpoint does, so both go on alike
 
