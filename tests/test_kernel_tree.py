@@ -9,12 +9,11 @@ from scipy.stats import chisquare
 
 from lmtrain.sampler.kernel import (
     FeatureMap,
-    KernelSampler,
     KernelTree,
     QuadraticFeatures,
+    QuadraticSampler,
     RandomFourierFeatures,
 )
-from lmtrain.sampler.options import KernelOptions
 from tests.helpers import sample_from
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -175,7 +174,7 @@ def test_sparse_updates_match_a_rebuild_without_drift(kind):
 
 
 def test_sampler_logs_once_when_a_dense_optimizer_forces_rebuilds(caplog):
-    sampler = KernelSampler(QuadraticFeatures(), options=KernelOptions(leaf_size=4))
+    sampler = QuadraticSampler(leaf_size=4)
     weight = augmented(40, 3, seed=9)
     query = torch.cat([torch.randn(2, 3), torch.ones(2, 1)], 1)
     with caplog.at_level("INFO", logger="lmtrain"):
@@ -193,7 +192,7 @@ def test_sampler_logs_once_when_a_dense_optimizer_forces_rebuilds(caplog):
 
 def test_sampler_does_not_blame_the_optimizer_for_a_load_after_sparse_steps(caplog):
     # a training run's sparse steps, then the best checkpoint loaded for the test: one rebuild, no dense optimizer
-    sampler = KernelSampler(QuadraticFeatures(), options=KernelOptions(leaf_size=4))
+    sampler = QuadraticSampler(leaf_size=4)
     weight = augmented(40, 3, seed=9)
     query = torch.cat([torch.randn(2, 3), torch.ones(2, 1)], 1)
     with caplog.at_level("INFO", logger="lmtrain"):

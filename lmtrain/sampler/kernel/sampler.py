@@ -49,17 +49,18 @@ class KernelSampler(Sampler):
     """
 
     runtime_args: ClassVar[tuple[str, ...]] = ("num_classes", "counts", "forms")
+    Options: ClassVar[type[KernelOptions]]  # each kernel's options: the tree's keys and its feature map's
 
     def __init__(
         self,
-        features: FeatureMap,
         num_classes: int | None = None,
         counts: Tensor | None = None,
-        options: KernelOptions | None = None,
         forms: StepForms | None = None,
+        **options: Any,
     ) -> None:
         super().__init__()
-        self.options = opts = options or KernelOptions()
+        self.options = opts = self.Options(**options)  # the keys left out take their defaults
+        features = self.feature_map(opts)
         tree_options = {f.name: getattr(opts, f.name) for f in dataclasses.fields(KernelOptions)}
         self.tree = KernelTree(features, forms=forms, **tree_options)
         share = opts.unigram_share
@@ -67,6 +68,11 @@ class KernelSampler(Sampler):
         self.shared = False  # the mode; the output strategy sets it (share_negatives)
         self._drawn_since_refresh = False
         self._told_dense = False
+
+    @staticmethod
+    def feature_map(options: KernelOptions) -> FeatureMap:
+        """The kernel's feature map phi, K(h, w) = <phi(h), phi(w)>, from its options."""
+        raise NotImplementedError
 
     @property
     def features(self) -> FeatureMap:
@@ -152,15 +158,9 @@ class QuadraticSampler(KernelSampler):
 
     name, Options = "quadratic", QuadraticOptions  # sampler=quadratic
 
-    def __init__(
-        self,
-        num_classes: int | None = None,
-        counts: Tensor | None = None,
-        forms: StepForms | None = None,
-        **options: Any,
-    ) -> None:
-        opts = QuadraticOptions(**options)  # the keys left out take their defaults
-        super().__init__(QuadraticFeatures(alpha=opts.alpha), num_classes, counts, opts, forms)
+    @staticmethod
+    def feature_map(options: QuadraticOptions) -> FeatureMap:
+        return QuadraticFeatures(alpha=options.alpha)
 
 
 class RFFSampler(KernelSampler):
@@ -173,12 +173,6 @@ class RFFSampler(KernelSampler):
 
     name, Options = "rff", RFFOptions  # sampler=rff
 
-    def __init__(
-        self,
-        num_classes: int | None = None,
-        counts: Tensor | None = None,
-        forms: StepForms | None = None,
-        **options: Any,
-    ) -> None:
-        opts = RFFOptions(**options)  # the keys left out take their defaults
-        super().__init__(RandomFourierFeatures(**options), num_classes, counts, opts, forms)
+    @staticmethod
+    def feature_map(options: RFFOptions) -> FeatureMap:
+        return RandomFourierFeatures(**dataclasses.asdict(options))
