@@ -36,9 +36,11 @@ class LMDataModule(L.LightningDataModule, Part):
 
     group = "data"  # data=NAME (``lmtrain.common.part``)
     runtime_args: ClassVar[tuple[str, ...]] = ()  # built from its config alone
+    Options: ClassVar[type[BatchOptions]]  # each source's options: the batch layout's keys and its own
 
-    def __init__(self, batch: BatchOptions) -> None:
+    def __init__(self, **options: Any) -> None:
         super().__init__()
+        self.options = batch = self.Options(**options)  # the keys left out take their defaults
         self.batch_size, self.bptt, self.eval_batch_size = batch.batch_size, batch.bptt, batch.eval_batch_size
         self.batch = batch
         self.corpus: Corpus | None = None
@@ -157,8 +159,8 @@ class TextDataModule(LMDataModule):
     name, Options = "text", TextOptions
 
     def __init__(self, **options: Any) -> None:
-        opts = TextOptions(**options)  # the keys left out take their defaults
-        super().__init__(opts)
+        super().__init__(**options)
+        opts = self.options
         self.corpus_name = name = opts.name
         root, path, cache_dir = opts.root, opts.path, opts.cache_dir
         self.path = Path(to_absolute_path(str(path))) if path else Path(to_absolute_path(str(root))) / name
@@ -183,11 +185,6 @@ class SyntheticDataModule(LMDataModule):
 
     name, Options = "synthetic", SyntheticDataOptions  # data=synthetic
 
-    def __init__(self, **options: Any) -> None:
-        opts = SyntheticDataOptions(**options)  # the keys left out take their defaults
-        super().__init__(opts)
-        self.options = opts
-
     def load_corpus(self) -> Corpus:
         return synthetic_corpus(self.options)
 
@@ -200,11 +197,6 @@ class ZipfDataModule(LMDataModule):
     """
 
     name, Options = "zipf", ZipfDataOptions  # data=zipf
-
-    def __init__(self, **options: Any) -> None:
-        opts = ZipfDataOptions(**options)  # the keys left out take their defaults
-        super().__init__(opts)
-        self.options = opts
 
     def load_corpus(self) -> Corpus:
         return zipf_topic_corpus(self.options)
