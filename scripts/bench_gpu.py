@@ -87,13 +87,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def strategies(args: argparse.Namespace) -> dict[str, str]:
     """label -> entry (``output[:override...]``, as scripts/bench_train.py reads it). Where this lmtrain's full
-    softmax has a chunked training path (``output.train_chunk``), ``full`` is its default (chunked by size) and
-    ``full chunked`` and ``full dense`` force either path."""
+    softmax has a chunked training path (``output.train_chunk``), ``full`` is its default (chunked by size) and,
+    when ``--outputs`` has ``full``, ``full chunked`` and ``full dense`` force either path."""
     found = [
         tuple(item.split("=", 1)) if "=" in item.split(":")[0] else (item, item) for item in args.outputs.split(",")
     ]
-    if "train_chunk" in compose_config(["output=full"]).output:
-        at = next((i + 1 for i, (label, _) in enumerate(found) if label == "full"), len(found))
+    at = next((i + 1 for i, (label, _) in enumerate(found) if label == "full"), None)
+    if at is not None and "train_chunk" in compose_config(["output=full"]).output:
         found[at:at] = [("full chunked", f"full:{args.chunked}"), ("full dense", f"full:{args.dense}")]
     return dict(found)
 
