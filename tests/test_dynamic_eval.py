@@ -360,3 +360,24 @@ def test_the_dynamic_bench_times_every_mode_from_the_trained_weights(trained_run
     assert set(table["seconds_per_1k_tokens"]) == {"exact", "train:trained", "train:current"}
     assert table["ratio_to_exact"]["exact"] == 1.0 and all(math.isfinite(p) for p in table["ppl"].values())
     assert json.loads(out.read_text()) == record and record["command"].startswith("python scripts/bench_dynamic.py")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("objective", ["exact", "train"])
+def test_dynamic_evaluation_on_cuda_scores_what_the_cpu_scores(trained_run, objective):
+    """rff's run read dynamically on a GPU: with the exact objective every score (so every step before it) is the
+    CPU's to float32 rounding; with the training objective the pinned tree lives on the GPU, over a copy of θ_0."""
+    run, _ = trained_run("rff")
+    stream = torch.randint(0, 100, (16,), generator=torch.Generator().manual_seed(10))
+    scores = {}
+    for device in ("cpu", "cuda"):
+        module = load_trained(str(run), [], device).module
+        evaluation = DynamicEvaluation(module, DynamicOptions(method="sgd", objective=objective, lr=0.1, segment=5))
+        scores[device] = read_stream(evaluation, stream, 1, (), torch.device(device), segment=5)[0]
+        if objective == "train":
+            pinned = module.output.sampler.tree.weight
+            assert pinned.device.type == device and pinned.data_ptr() != module.output.weight.data_ptr()
+        evaluation.restore()
+    if objective == "exact":
+        torch.testing.assert_close(scores["cuda"], scores["cpu"], rtol=1e-4, atol=1e-4)
+    assert torch.isfinite(scores["cuda"]).all()
