@@ -355,6 +355,7 @@ def test_the_dynamic_bench_times_every_mode_from_the_trained_weights(trained_run
     run, _ = trained_run("rff")
     out = tmp_path / "dynamic.json"
     argv = ["--runs", f"rff={run}", "--tokens", "40", "--rounds", "1", "--stat-batches", "2", "--lr", "0.01"]
+    argv += ["--warmup-tokens", "10"]
     record = bench_dynamic.main([*argv, "--threads", "1", "--json", str(out)])
     table = record["runs"]["rff"]
     assert set(table["seconds_per_1k_tokens"]) == {"exact", "train:trained", "train:current"}
