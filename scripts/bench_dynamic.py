@@ -6,13 +6,13 @@ each pass's perplexity, over the first ``--tokens`` test tokens of trained runs.
         --json docs/bench/dynamic_eval_ptb.json
 
 The modes are ``exact`` (dynamic.objective=exact) and ``train:PROPOSAL`` (dynamic.objective=train with
-dynamic.proposal=trained or current). Every mode runs ``method=rms`` at one lr (``--lr``; the search is left out so
-that the modes take the same steps' sizes) with the gradient statistics of ``--stat-batches`` training batches,
-computed once per objective and not timed. After an untimed pass of ``--warmup-tokens`` per mode, in interleaved
-rounds (A, B, ..., then again) each mode reads the same tokens from the trained weights (restored after every pass)
-with the same seed; a pass's time includes setting the evaluation up (θ_0's copy and, with ``proposal=trained``, the
-tree built from it). The figure is the median seconds per 1,000 tokens and its ratio to ``exact`` on the same run. The perplexity is the last round's (a sampled objective
-draws its negatives from the seeded generator, so the rounds agree).
+dynamic.proposal=trained or current). Every mode runs ``method=rms`` at one lr (``--lr``; the search is left out so that
+the modes take the same steps' sizes) with the gradient statistics of ``--stat-batches`` training batches, computed once
+per objective and not timed. After an untimed pass of ``--warmup-tokens`` per mode, in interleaved rounds (A, B, ...,
+then again) each mode reads the same tokens from the trained weights (restored after every pass) with the same seed; a
+pass's time includes setting the evaluation up (θ_0's copy and, with ``proposal=trained``, the tree built from it). The
+figure is the median seconds per 1,000 tokens and its ratio to ``exact`` on the same run. The perplexity is the last
+round's (a sampled objective draws its negatives from the seeded generator, so the rounds agree).
 """
 
 from __future__ import annotations
