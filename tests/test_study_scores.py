@@ -186,6 +186,33 @@ def test_the_table_is_the_seed_means_and_gains_with_the_rule_against_the_referen
     assert rows["hsm"]["cache ppl"] == "— (1 failed)" and rows["hsm"]["gain vs full's"] == "cache too few seeds"
 
 
+def test_a_mode_declared_another_modes_computation_is_not_scored_and_shows_that_modes_numbers(source, tmp_path):
+    """``same``: full's training objective is its exact one, so (full, train) has no job and its cells show exact's
+    numbers, marked; the other cells' train gains are compared with full's exact gains."""
+    from lmtrain.study.scores import pending_jobs
+
+    path, root, runs = source
+    modes = {"plain": [], "exact": ["dynamic=true"], "train": ["dynamic=true", "dynamic.objective=train"]}
+    same = {"output=full": {"train": "exact"}}
+    spec = parse_scores("x", {"scores": {"study": str(path), "modes": modes, "same": same}})
+    assert spec.scored_as("output=full", "train") == "exact" and spec.scored_as("output=rff", "train") == "train"
+    assert [job.mode for job in pending_jobs(spec, root, runs)] == ["plain", "exact"] * 2  # two seeds with folders
+    source_yaml = tmp_path / "src.yaml"
+    source_yaml.write_text(yaml.safe_dump({"grid": [{"output": ["full", "rff"]}], "seeds": [1, 2, 3]}))
+    spec = parse_scores("x", {"scores": {"study": str(source_yaml), "modes": modes, "same": same,
+                                         "reference": "output=full"}})  # fmt: skip
+    plain, exact, train = [100.0, 200.0, 300.0], [90.0, 180.0, 270.0], [80.0, 160.0, 240.0]
+    records = [fake("full", s + 1, m, v[s]) for m, v in (("plain", plain), ("exact", exact)) for s in range(3)]
+    records += [fake("rff", s + 1, m, v[s]) for m, v in (("plain", plain), ("exact", exact), ("train", train))
+                for s in range(3)]  # fmt: skip
+    rows = table_rows(render_scores_table(spec, records))
+    assert rows["full"]["train ppl"] == rows["full"]["exact ppl"] + " (= exact)"
+    assert rows["full"]["train gain"] == rows["full"]["exact gain"] and "-10.0" in rows["full"]["train gain"]
+    assert rows["rff"]["gain vs full's"] == "exact tied, train larger"  # -20% against full's -10% (as exact)
+    with pytest.raises(StudyError, match="must name two different modes"):
+        parse_scores("x", {"scores": {"study": "survey", "modes": modes, "same": {"output=full": {"train": "x"}}}})
+
+
 @pytest.mark.parametrize(
     ("scores", "message"),
     [

@@ -4,7 +4,8 @@ One row per source cell (a strategy), in the source study's order: per mode the 
 and, for every mode but the baseline (the first declared), its gain: each seed's perplexity with the mode relative to
 the same run's baseline perplexity, in percent, mean ± sd over seeds. The last column compares each row's gains with
 the reference cell's by the project's rule (``lmtrain.study.stats.verdict``): 'larger' or 'smaller' only where the
-mean gains differ by more than twice the pooled sd of the two cells' seed gains, else 'tied'.
+mean gains differ by more than twice the pooled sd of the two cells' seed gains, else 'tied'. A mode that the study
+declares another's computation in a cell (``same``) shows that mode's numbers there, marked "(= OTHER)".
 """
 
 from __future__ import annotations
@@ -102,15 +103,17 @@ def render_scores_table(spec: ScoreSpec, records: list[dict[str, Any]]) -> str:
         row = [name[label], str(len(seeds))]
         words = []
         for mode in modes:
-            ppl = mode_stats(records, label, mode)
-            row.append(_with_failed(format_stats(ppl), ppl))
+            own = spec.scored_as(label, mode)  # the mode whose records stand for this one here
+            ppl = mode_stats(records, label, own)
+            row.append(_with_failed(format_stats(ppl), ppl) + ("" if own == mode else f" (= {own})"))
             if spec.speed:
-                row.append(_speed(mode_stats(records, label, mode, "seconds_per_1k_tokens")))
+                row.append(_speed(mode_stats(records, label, own, "seconds_per_1k_tokens")))
             if mode != baseline:
-                gain = gain_stats(records, label, mode, baseline)
+                gain = gain_stats(records, label, own, baseline)
                 row.append(_gain(gain))
                 if reference and label != reference:
-                    words.append(f"{mode} {WORDS[verdict(gain, gain_stats(records, reference, mode, baseline))]}")
+                    theirs = gain_stats(records, reference, spec.scored_as(reference, mode), baseline)
+                    words.append(f"{mode} {WORDS[verdict(gain, theirs)]}")
         if reference and len(modes) > 1:
             row.append("reference" if label == reference else ", ".join(words))
         lines.append("| " + " | ".join(row) + " |")
@@ -144,7 +147,7 @@ def render_scores_plot(spec: ScoreSpec, records: list[dict[str, Any]], path: Pat
     fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * len(cells) * max(1, len(modes))), 4.8))
     width = 0.8 / max(1, len(modes))
     for j, mode in enumerate(modes):
-        gains = [gain_stats(records, c.label, mode, spec.baseline) for c in cells]
+        gains = [gain_stats(records, c.label, spec.scored_as(c.label, mode), spec.baseline) for c in cells]
         xs = [i + (j - (len(modes) - 1) / 2) * width for i in range(len(cells))]
         means = [g.mean if g.n else 0.0 for g in gains]
         sds = [0.0 if math.isnan(g.sd) else g.sd for g in gains]

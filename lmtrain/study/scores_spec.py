@@ -15,6 +15,8 @@ A scoring study is a YAML file like a training study, with a ``scores`` block in
       overrides: [device=cpu]                # optional: score's arguments for every mode
       reference: data=ptb,output=full        # the cell whose gains every other cell's are compared with
       speed: false                           # optional: a seconds-per-1,000-tokens column per mode in the table
+      same:                                  # optional: a cell's mode that is another mode's computation there is
+        "data=wt2,output=full": {train: exact}  # not scored again; its cells show that mode's records
     notes: ["..."]                           # optional: lines under the table
 """
 
@@ -30,7 +32,7 @@ import yaml
 from lmtrain import CONF_DIR
 from lmtrain.study.spec import StudyError, StudySpec, find_spec, read_study_file
 
-KNOWN = ("study", "cells", "modes", "overrides", "reference", "speed")
+KNOWN = ("study", "cells", "modes", "overrides", "reference", "speed", "same")
 PATH_ARGS = ("ckpt_path", "file", "out")  # score's arguments a scoring study sets itself, per run
 
 
@@ -48,6 +50,7 @@ class ScoreSpec:
     speed: bool = False  # a seconds-per-1,000-tokens column per mode
     notes: tuple[str, ...] = ()
     source: Path | None = None
+    same: tuple[tuple[str, str, str], ...] = ()  # (cell glob, mode, the mode whose computation it is there)
 
     @property
     def baseline(self) -> str:
@@ -61,6 +64,11 @@ class ScoreSpec:
     def source_spec(self) -> StudySpec:
         """The training study whose runs are scored."""
         return find_spec(self.study)
+
+    def scored_as(self, label: str, mode: str) -> str:
+        """The mode whose records stand for ``mode`` in the cell ``label``: ``mode`` itself unless ``same`` declares
+        it another mode's computation there."""
+        return next((other for glob, m, other in self.same if m == mode and fnmatch.fnmatchcase(label, glob)), mode)
 
     def matches(self, label: str) -> bool:
         """Whether a source cell (by its label) is one this study scores."""
@@ -108,6 +116,14 @@ def parse_scores(name: str, data: dict[str, Any], source: Path | None = None) ->
         raise StudyError(f"{where}: scores.reference is a cell label of the source study (data=ptb,output=full)")
     if not isinstance(block.get("speed", False), bool):
         raise StudyError(f"{where}: scores.speed is true or false")
+    same = block.get("same") or {}
+    pairs = same.items() if isinstance(same, dict) else [(None, None)]
+    for glob, aliases in pairs:
+        if not isinstance(glob, str) or not isinstance(aliases, dict):
+            raise StudyError(f"{where}: scores.same maps a cell glob to {{MODE: OTHER_MODE}}")
+        for mode, other in aliases.items():
+            if mode not in modes or other not in modes or mode == other:
+                raise StudyError(f"{where}: scores.same.{glob}: {mode}: {other} must name two different modes")
     return ScoreSpec(
         name=name,
         description=str(data.get("description", "")),
@@ -119,6 +135,7 @@ def parse_scores(name: str, data: dict[str, Any], source: Path | None = None) ->
         speed=bool(block.get("speed", False)),
         notes=tuple(str(n) for n in data.get("notes") or []),
         source=source,
+        same=tuple((glob, str(m), str(o)) for glob, aliases in same.items() for m, o in aliases.items()),
     )
 
 
