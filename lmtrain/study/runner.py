@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from lmtrain.process.threads import jobs_sharing_cores, resolve_threads
+from lmtrain.study.claims import claimed
 from lmtrain.study.records import append_record, build_record, code_version, read_records
 from lmtrain.study.reuse import reusable, reused_record
 from lmtrain.study.spec import Run, StudySpec
@@ -72,8 +73,19 @@ def _last_error(log: Path) -> str:
 
 def execute(spec: StudySpec, run: Run, root: Path, runs_root: Path, code: dict[str, Any]) -> str:
     """Train one run and append its record; returns a one-line summary. A run killed by a signal (the session
-    ended) leaves no record, so the next call runs it again from its last checkpoint."""
+    ended) leaves no record, so the next call runs it again from its last checkpoint. A run another call holds
+    (``lmtrain.study.claims``) or has recorded meanwhile is skipped."""
     folder = training_folder(spec, run, runs_root)
+    with claimed(folder.parent / f"{folder.name}.claim") as mine:
+        if not mine:
+            return f"{run.key}: another process is running it, skipped"
+        if any(r.get("key") == run.key for r in read_records(records_path(spec, root))):
+            return f"{run.key}: recorded meanwhile by another process, skipped"
+        return _train(spec, run, root, folder, code)
+
+
+def _train(spec: StudySpec, run: Run, root: Path, folder: Path, code: dict[str, Any]) -> str:
+    """``execute``'s work, under its claim."""
     if folder.exists() and not (folder / "checkpoints" / "last.ckpt").is_file():
         folder.rename(folder.with_name(f"{folder.name}.stale-{int(time.time())}"))  # died before a checkpoint
     started = time.perf_counter()

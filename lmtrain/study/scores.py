@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from lmtrain.process.threads import jobs_sharing_cores
+from lmtrain.study.claims import claimed
 from lmtrain.study.records import append_record, code_version, device_name, read_records
 from lmtrain.study.runner import command, records_path, training_folder
 from lmtrain.study.scores_spec import ScoreSpec
@@ -161,9 +162,20 @@ def _trained_test_ppl(folder: Path) -> float | None:
     return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
 
 
-def score_job(job: Job) -> dict[str, Any]:
-    """Score one (run, mode) with ``lmtrain.tools.score.score`` and return its record; a refusal of score (a
-    ValueError other than missing data) is a record with status ``failed``; anything else raises."""
+def score_job(job: Job, records: Path | None = None) -> dict[str, Any]:
+    """Score one (run, mode) under its claim (``lmtrain.study.claims``) and return its record; a refusal of score (a
+    ValueError other than missing data) is a record with status ``failed``; anything else raises, as does a job
+    that another call holds or has recorded in ``records`` meanwhile (no record here)."""
+    with claimed(job.scores_dir / f"{job.mode}.claim") as mine:
+        if not mine:
+            raise RuntimeError("another process is scoring it, skipped")
+        if records is not None and any(r.get("key") == job.key for r in read_records(records)):
+            raise RuntimeError("recorded meanwhile by another process, skipped")
+        return _score(job)
+
+
+def _score(job: Job) -> dict[str, Any]:
+    """``score_job``'s work: ``lmtrain.tools.score.score`` over the run's test text, and the record."""
     import torch
 
     from lmtrain.data.errors import DataError
@@ -251,11 +263,11 @@ def run_scores(
     with jobs_sharing_cores(jobs):
         if jobs <= 1:  # in this process, one after another
             for job in pending:
-                done += _land(job, functools.partial(score_job, job), path)
+                done += _land(job, functools.partial(score_job, job, path), path)
         else:  # a fresh process per (run, mode): memory stays one model per job
             context = multiprocessing.get_context("spawn")
             with ProcessPoolExecutor(max_workers=jobs, mp_context=context, max_tasks_per_child=1) as pool:
-                futures = {pool.submit(score_job, job): job for job in pending}
+                futures = {pool.submit(score_job, job, path): job for job in pending}
                 for future in as_completed(futures):
                     done += _land(futures[future], future.result, path)
     return done
