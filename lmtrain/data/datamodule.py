@@ -42,7 +42,6 @@ class LMDataModule(L.LightningDataModule, Part):
         super().__init__()
         self.options = batch = self.Options(**options)  # the keys left out take their defaults
         self.batch_size, self.bptt, self.eval_batch_size = batch.batch_size, batch.bptt, batch.eval_batch_size
-        self.batch = batch
         self.corpus: Corpus | None = None
         self.train_sampler: StreamSampler | None = None
         self.num_train_windows = 0
@@ -69,7 +68,7 @@ class LMDataModule(L.LightningDataModule, Part):
         ``variable_bptt``); the sampler keeps the start it was given (a resumed epoch is laid out first)."""
         if epoch == self._train_epoch or self.train_sampler is None:
             return
-        self.train_lengths = window_lengths(self._train_positions, self.batch, epoch)
+        self.train_lengths = window_lengths(self._train_positions, self.options, epoch)
         self.num_train_windows = self.train_sampler.num_windows = len(self.train_lengths)
         self._train_epoch = epoch
 
@@ -131,7 +130,7 @@ class LMDataModule(L.LightningDataModule, Part):
 
     def train_dataloader(self) -> DataLoader:
         self.setup()
-        if self.trainer is not None and self.batch.variable_bptt:  # else: the epoch last laid out (set_train_epoch)
+        if self.trainer is not None and self.options.variable_bptt:  # else: the epoch last laid out (set_train_epoch)
             self.set_train_epoch(self.trainer.current_epoch)
         return self._loader(
             self.train_ids, self.batch_size, "train", "batch_size", self.train_sampler, self.train_lengths
