@@ -94,8 +94,9 @@ def test_special_tokens_have_their_own_characters_and_long_words_are_cut():
     assert not torch.equal(table[2], table[5])  # nor another special token
 
 
-def test_exact_log_prob_is_a_dense_softmax_over_the_class_vectors():
-    out = layer(correction_dim=2)
+@pytest.mark.parametrize("eval_chunk", [65536, 3])  # one logits matrix / 3 vocabulary chunks and a row gather
+def test_exact_log_prob_is_a_dense_softmax_over_the_class_vectors(eval_chunk):
+    out = layer(correction_dim=2, eval_chunk=eval_chunk)
     vectors, bias = written_out_vectors(out), out.table[:, -1].detach()
     hidden = torch.randn(5, 4, dtype=torch.float64)
     target = torch.tensor([0, 2, 3, 6, 2])

@@ -52,23 +52,27 @@ def trained_model(trained_run, output="full"):
 
 
 def test_the_rms_step_with_its_decay_in_numbers():
-    """θ = (1, 2), g = (0.5, -1), θ_0 = 0, RMS = (0.1, 0.4) (mean 0.25), lr 0.1, eps 0.1, decay 1: the rates
-    RMS / mean = (0.4, 1.6) clip at 1 / decay = 1; θ - lr g / (RMS + eps) + decay rate (θ_0 - θ) = (0.35, 0.2)."""
+    """θ = (1, 2), g = (0.5, -1), θ_0 = (1, -1), RMS = (0.1, 0.4) (mean 0.25), lr 0.1, eps 0.1, decay 1: the rates
+    RMS / mean = (0.4, 1.6) clip at 1 / decay = 1; θ - lr g / (RMS + eps) + decay rate (θ_0 - θ) = (0.75, -0.8),
+    through the step's factors keep = 1 - pull, anchor = pull θ_0 and scale = -lr / (RMS + eps)."""
     toy = nn.Linear(2, 1, bias=False)
     with torch.no_grad():
-        toy.weight.copy_(torch.tensor([[0.0, 0.0]]))
+        toy.weight.copy_(torch.tensor([[1.0, -1.0]]))
     evaluation = DynamicEvaluation(toy, DynamicOptions(lr=0.1, eps=0.1, decay=1.0), [torch.tensor([[0.1, 0.4]])])
-    torch.testing.assert_close(evaluation.pulls[0], torch.tensor([[0.4, 1.0]]))
-    torch.testing.assert_close(evaluation.denominators[0], torch.tensor([[0.2, 0.5]]))
+    torch.testing.assert_close(evaluation.keeps[0], torch.tensor([[0.6, 0.0]]))
+    torch.testing.assert_close(evaluation.anchors[0], torch.tensor([[0.4, -1.0]]))
+    torch.testing.assert_close(evaluation.scales[0], torch.tensor([[-0.5, -0.2]]))
     theta = torch.tensor([[1.0, 2.0]])
-    rms_step([theta], [torch.tensor([[0.5, -1.0]])], evaluation.start, evaluation.denominators, evaluation.pulls, 0.1)
-    torch.testing.assert_close(theta, torch.tensor([[0.35, 0.2]]))
+    rms_step([theta], [torch.tensor([[0.5, -1.0]])], evaluation.keeps, evaluation.anchors, evaluation.scales)
+    torch.testing.assert_close(theta, torch.tensor([[0.75, -0.8]]))
 
 
-def test_each_segment_is_scored_then_takes_the_hand_computed_step(trained_run):
+@pytest.mark.parametrize("sparse", [True, False])  # the embedding gradient: sparse rows (the row path) or dense
+def test_each_segment_is_scored_then_takes_the_hand_computed_step(trained_run, sparse):
     """Three segments of a trained model: each scored with the weights the segments before left, then
     θ <- θ - lr g / (RMS + eps) + decay min(RMS / mean RMS, 1 / decay) (θ_0 - θ), g of the segment's mean -log p."""
     module = trained_model(trained_run)
+    module.encoder.embedding.sparse = sparse
     hand = copy.deepcopy(module)
     gen = torch.Generator().manual_seed(0)
     rms = [torch.rand(p.shape, generator=gen).pow(3) * 0.01 + 1e-5 for p in adapted(module)]  # some rates clip
@@ -78,6 +82,7 @@ def test_each_segment_is_scored_then_takes_the_hand_computed_step(trained_run):
     assert any(bool((r / mean > 1 / options.decay).any()) for r in rms)  # the clip matters here
     start = [p.detach().clone() for p in adapted(hand)]
     stream = torch.randint(0, 100, (13,), generator=gen)
+    stream[2] = stream[1]  # one input row twice in a segment: a sparse gradient names it twice
     state = hand_state = None
     for inputs, targets in segments(stream, 4):
         log_p, _, state = evaluation((inputs, targets), state)
@@ -114,7 +119,8 @@ def test_sgd_mode_is_plain_sgd(trained_run):
 def test_a_token_never_changes_its_own_score_or_any_before_it(trained_run):
     """Two streams that differ in the token at target position 12 (segment 10-14): the scores before it are
     equal, later ones differ, and both scores at 12 are the distribution of the model that the first two segments
-    left (they read nothing of position 12); cutting the stream after 12 changes no score up to it."""
+    left (they read nothing of position 12); cutting the stream after 12 changes no score up to it (beyond the
+    rounding of a shorter matmul)."""
     module = trained_model(trained_run)
     rms = [torch.full_like(p, 1e-3) for p in adapted(module)]
     evaluation = DynamicEvaluation(module, DynamicOptions(lr=0.01, segment=5), rms)
@@ -129,7 +135,8 @@ def test_a_token_never_changes_its_own_score_or_any_before_it(trained_run):
 
     a, b = scores(first), scores(second)
     assert torch.equal(a[:12], b[:12]) and not torch.equal(a[12:], b[12:]) and not torch.equal(a[15:], b[15:])
-    torch.testing.assert_close(scores(first[:14]), a[:13], rtol=0, atol=0)
+    # the last segment has 3 rows instead of 5: float32 matmuls of other shapes may round differently (an ulp)
+    torch.testing.assert_close(scores(first[:14]), a[:13], rtol=0, atol=1e-5)
     state = None
     for inputs, targets in list(segments(first, 5))[:2]:  # the first two segments adapt the model
         _, _, state = evaluation((inputs, targets), state)

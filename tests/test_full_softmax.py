@@ -28,6 +28,22 @@ def test_log_prob_matches_direct_log_softmax_and_is_chunk_invariant():
     torch.testing.assert_close(out.loss(hidden, target), -direct.mean())
 
 
+@pytest.mark.parametrize("eval_chunk", [65536, 5])  # one logits matrix (gather) / 8 chunks and a row gather
+def test_log_prob_gradients_equal_the_dense_log_softmax(eval_chunk):
+    """What dynamic evaluation steps on: d log p / d (hidden, weight, bias) of both forms of ``log_prob``. A
+    target gathered from the wrong row or column of the logits, or a normalizer without the bias, fails."""
+    torch.manual_seed(0)
+    out = FullSoftmax(num_classes=37, dim=8, init_range=0.5, eval_chunk=eval_chunk)
+    torch.nn.init.normal_(out.bias)
+    hidden, target = torch.randn(11, 8, requires_grad=True), torch.randint(0, 37, (11,))
+    weights = torch.rand(11)  # a different weight per position: a transposed gather shows
+    got = torch.autograd.grad((out.log_prob(hidden, target) * weights).sum(), [hidden, out.weight, out.bias])
+    direct = F.log_softmax(hidden @ out.weight.T + out.bias, dim=1).gather(1, target[:, None])[:, 0]
+    expected = torch.autograd.grad((direct * weights).sum(), [hidden, out.weight, out.bias])
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e)
+
+
 def loss_and_grads(out: FullSoftmax, hidden: torch.Tensor, target: torch.Tensor, scale: float = 1.0):
     """The loss (times ``scale``) and the gradients of hidden, weight and bias."""
     out.zero_grad()

@@ -141,9 +141,10 @@ def test_unique_draws_distinct_negatives_with_expected_count_correction():
     torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("eval_chunk", [7, 65536])  # several vocabulary chunks / one logits matrix
 @pytest.mark.parametrize("bias", [True, False])
-def test_log_prob_is_the_exact_full_softmax(bias):
-    layer = make_layer(UniformSampler(N_CLASSES), bias=bias, eval_chunk=7)  # several vocabulary chunks
+def test_log_prob_is_the_exact_full_softmax(bias, eval_chunk):
+    layer = make_layer(UniformSampler(N_CLASSES), bias=bias, eval_chunk=eval_chunk)
     hidden, target = batch()
     expected = torch.log_softmax(full_logits(layer, hidden), 1).gather(1, target[:, None])[:, 0]
     torch.testing.assert_close(layer.log_prob(hidden, target), expected, rtol=1e-5, atol=1e-5)

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from lmtrain.common.ranges import AT_LEAST_1, Checked
 from lmtrain.output.base import OutputLayer, initial_bias
-from lmtrain.output.logsumexp import chunked_logsumexp
+from lmtrain.output.logsumexp import class_rows, exact_log_prob
 from lmtrain.output.options import BiasInit
 from lmtrain.output.rows import gather_rows
 from lmtrain.output.sampled.estimators import accidental_hits, exact_offsets, joint_softmax_nll
@@ -201,9 +201,14 @@ class CharCNNSoftmax(OutputLayer):
     # --- exact evaluation --------------------------------------------------------------------------
     def log_prob(self, hidden: Tensor, target: Tensor) -> Tensor:
         vectors, bias = self.all_vectors()
-        target_logit = (hidden * vectors[target]).sum(1) + bias[target]  # (N,)
-        logits = lambda s, e: F.linear(hidden, vectors[s:e], bias[s:e])  # noqa: E731  (N, e - s) of a chunk
-        return target_logit - chunked_logsumexp(logits, self.num_classes, self.options.eval_chunk)
+
+        def logits(start: int, end: int) -> Tensor:  # (N, end - start)
+            return F.linear(hidden, class_rows(vectors, start, end), class_rows(bias, start, end))
+
+        def target_logit() -> Tensor:  # (N,)
+            return (hidden * vectors[target]).sum(1) + bias[target]
+
+        return exact_log_prob(logits, target_logit, target, self.num_classes, self.options.eval_chunk)
 
     def log_probs_all(self, hidden: Tensor) -> Tensor:
         vectors, bias = self.all_vectors()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, ClassVar
 
 import torch
@@ -11,7 +12,7 @@ from torch import Tensor, nn
 from lmtrain.output.base import OutputLayer, initial_bias
 from lmtrain.output.chunked_softmax import exact_softmax_nll, fitting_chunk, logits_budget_mib
 from lmtrain.output.infrequent_normalization import InfrequentlyNormalized
-from lmtrain.output.logsumexp import chunked_logsumexp
+from lmtrain.output.logsumexp import class_rows, exact_log_prob
 from lmtrain.output.options import FullOptions
 
 
@@ -87,11 +88,11 @@ class FullSoftmax(InfrequentlyNormalized, OutputLayer):
         return logits_budget_mib(self.logits_mib, self.gpu_logits_fraction, device or self.weight.device)
 
     def log_prob(self, hidden: Tensor, target: Tensor) -> Tensor:
-        target_logit = self.unnormalized_log_prob(hidden, target)  # (N,)
-        log_z = chunked_logsumexp(
-            lambda s, e: F.linear(hidden, self.weight[s:e], self.bias[s:e]), self.num_classes, self.eval_chunk
-        )
-        return target_logit - log_z
+        def logits(start: int, end: int) -> Tensor:  # (N, end - start)
+            return F.linear(hidden, class_rows(self.weight, start, end), class_rows(self.bias, start, end))
+
+        target_logit = partial(self.unnormalized_log_prob, hidden, target)  # (N,) one row read per position
+        return exact_log_prob(logits, target_logit, target, self.num_classes, self.eval_chunk)
 
     def log_probs_all(self, hidden: Tensor) -> Tensor:
         return torch.log_softmax(self.logits(hidden), dim=1)  # (N, n)

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from lmtrain.common.ranges import AT_LEAST_1, Checked
 from lmtrain.output.base import OutputLayer, initial_bias
 from lmtrain.output.chunked_softmax import exact_softmax_nll, fitting_chunk, logits_budget_mib
-from lmtrain.output.logsumexp import chunked_logsumexp
+from lmtrain.output.logsumexp import class_rows, exact_log_prob
 from lmtrain.output.options import FRACTION, GPU_FRACTION, INIT_RANGE, BiasInit
 
 
@@ -125,12 +125,16 @@ class MixtureOfSoftmaxes(OutputLayer):
 
     def log_prob(self, hidden: Tensor, target: Tensor) -> Tensor:
         log_prior, latent = self.mixture(hidden)
-        contexts = latent.view(hidden.shape[0], self.components, self.component_dim)  # (N, K, d_e)
-        target_logit = (contexts * self.weight[target][:, None]).sum(2) + self.bias[target][:, None]  # (N, K)
-        log_z = chunked_logsumexp(
-            lambda s, e: F.linear(latent, self.weight[s:e], self.bias[s:e]), self.num_classes, self.options.eval_chunk
-        )  # (N K,) each component's log-normalizer
-        return torch.logsumexp(log_prior + target_logit - log_z.view_as(target_logit), dim=1)  # (N,)
+        component_targets = target.repeat_interleave(self.components)  # (N K,) row (i, k) of latent predicts target i
+
+        def logits(start: int, end: int) -> Tensor:  # (N K, end - start)
+            return F.linear(latent, class_rows(self.weight, start, end), class_rows(self.bias, start, end))
+
+        def target_logit() -> Tensor:  # (N K,)
+            return (latent * self.weight[component_targets]).sum(1) + self.bias[component_targets]
+
+        log_p = exact_log_prob(logits, target_logit, component_targets, self.num_classes, self.options.eval_chunk)
+        return torch.logsumexp(log_prior + log_p.view_as(log_prior), dim=1)  # (N,) the mixture of the K components
 
     def log_probs_all(self, hidden: Tensor) -> Tensor:
         log_prior, latent = self.mixture(hidden)

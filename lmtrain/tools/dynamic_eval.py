@@ -104,7 +104,9 @@ def segment_gradients(
 ) -> tuple[Tensor | None, Tensor, Any, list[Tensor]]:
     """One segment's forward pass from ``state`` and the gradient of its mean loss: exact log p of the targets
     (detached, (N,); None when not ``scored`` and the objective does not need it), hidden states (N, d), the state
-    to carry on and one dense gradient per ``adapted`` parameter (zeros where the loss does not reach it)."""
+    to carry on and one gradient per ``adapted`` parameter: dense (zeros where the loss does not reach it), or for
+    a sparse embedding a sparse row tensor as autograd gives it (the segment's few input rows, a row possibly more
+    than once: coalescing would size a tensor by the data, a host sync on a GPU)."""
     inputs, targets = batch
     params = adapted(module)
     # cuDNN runs an LSTM's backward pass only in training mode; evaluation mode keeps dropout off
@@ -117,8 +119,8 @@ def segment_gradients(
             loss = module.output.loss(hidden, targets.reshape(-1), inputs=inputs.reshape(-1))
         grads = torch.autograd.grad(loss, params, allow_unused=True)
     pairs = zip(params, grads, strict=True)
-    dense = [torch.zeros_like(p) if g is None else g.to_dense() if g.is_sparse else g for p, g in pairs]
-    return None if log_p is None else log_p.detach(), hidden.detach(), state, dense
+    grads = [torch.zeros_like(p) if g is None else g for p, g in pairs]
+    return None if log_p is None else log_p.detach(), hidden.detach(), state, grads
 
 
 def statistics_batches(tokens: int, options: DynamicOptions) -> int:
@@ -139,29 +141,33 @@ def gradient_rms(
         batch = tuple(part.to(device) for part in windows[index])
         _, _, state, grads = segment_gradients(module, batch, state, options.objective, scored=False)
         for total, grad in zip(squares, grads, strict=True):
-            total.addcmul_(grad, grad)
+            dense = grad.to_dense() if grad.is_sparse else grad  # a row's entries summed before squaring
+            total.addcmul_(dense, dense)
         if progress is not None:
             progress(index + 1)
     return [total.div_(count).sqrt_() for total in squares], count
 
 
 @torch.no_grad()
-def rms_step(
-    params: list[Tensor], grads: list[Tensor], start: list[Tensor], denominators: list[Tensor], pulls: list[Tensor],
-    lr: float,
-) -> None:  # fmt: skip
-    """θ += pull (θ_0 - θ) - lr g / denominator for each parameter, both terms from the θ before the step
-    (``denominators``: RMS + eps; ``pulls``: decay · min(RMS / mean(RMS), 1 / decay)); four passes over θ."""
-    for param, grad, origin, denominator, pull in zip(params, grads, start, denominators, pulls, strict=True):
-        back = (origin - param).mul_(pull)  # from the θ before the step
-        param.addcdiv_(grad, denominator, value=-lr).add_(back)
+def rms_step(params: list[Tensor], grads: list[Tensor], keeps: list[Tensor], anchors: list[Tensor],
+             scales: list[Tensor]) -> None:  # fmt: skip
+    """θ <- keep θ + anchor + scale g for each parameter, in place: with keep = 1 - pull, anchor = pull θ_0 and
+    scale = -lr / (RMS + eps) this is θ + pull (θ_0 - θ) - lr g / (RMS + eps), both terms from the θ before the
+    step, in three passes over θ and no θ-sized temporary. A sparse gradient adds its term to its rows only."""
+    for param, grad, keep, anchor, scale in zip(params, grads, keeps, anchors, scales, strict=True):
+        param.mul_(keep).add_(anchor)  # every row decays
+        if grad.is_sparse:  # the gradient's term on its rows only; a row named twice adds both entries
+            rows = grad._indices()[0]  # (r,)
+            param.index_add_(0, rows, grad._values() * scale[rows])
+        else:
+            param.addcmul_(grad, scale)
 
 
 @torch.no_grad()
 def sgd_step(params: list[Tensor], grads: list[Tensor], lr: float) -> None:
-    """θ -= lr g."""
+    """θ -= lr g, in place."""
     for param, grad in zip(params, grads, strict=True):
-        param.sub_(grad * lr)
+        param.add_(grad, alpha=-lr)
 
 
 class DynamicEvaluation:
@@ -181,16 +187,21 @@ class DynamicEvaluation:
         self.refreshes = options.objective == Objective.train and options.proposal == ProposalState.current
         if options.objective == Objective.train and not self.refreshes:
             module.output.pin_proposal()  # a tree over a copy of θ_0, kept for the pass
-        self.denominators: list[Tensor] = []  # RMS + eps
-        self.pulls: list[Tensor] = []  # decay · min(RMS / mean(RMS), 1 / decay): the pull to θ_0, at most 1
+        # the rms step's three factors (rms_step), fixed for the pass: keep = 1 - pull, anchor = pull θ_0 and
+        # scale = -lr / (RMS + eps), where pull = decay · min(RMS / mean(RMS), 1 / decay) is at most 1
+        self.keeps: list[Tensor] = []
+        self.anchors: list[Tensor] = []
+        self.scales: list[Tensor] = []
         if options.method == Method.rms:
             if rms is None:
                 raise ValueError("dynamic.method=rms needs the training gradients' RMS (gradient_rms)")
             mean = sum(float(r.double().sum()) for r in rms) / max(sum(r.numel() for r in rms), 1)
             ceiling = 1 / options.decay if options.decay > 0 else 0.0
-            rates = [(r / mean if mean > 0 else torch.ones_like(r)).clamp(max=ceiling) for r in rms]
-            self.denominators = [r + options.eps for r in rms]
-            self.pulls = [rate.mul_(options.decay) for rate in rates]
+            for r, origin in zip(rms, self.start, strict=True):
+                pull = (r / mean if mean > 0 else torch.ones_like(r)).clamp_(max=ceiling).mul_(options.decay)
+                self.keeps.append(1 - pull)
+                self.anchors.append(pull.mul_(origin))
+                self.scales.append((r + options.eps).reciprocal_().mul_(-options.lr))
 
     def __call__(self, batch: Batch, state: Any) -> tuple[Tensor, Tensor, Any]:
         """Score one segment with the current weights, then take the step on it."""
@@ -202,12 +213,12 @@ class DynamicEvaluation:
         """One step on the gradients ``grads`` (one per adapted parameter)."""
         opts = self.options
         if opts.method == Method.rms:
-            rms_step(self.params, grads, self.start, self.denominators, self.pulls, opts.lr)
+            rms_step(self.params, grads, self.keeps, self.anchors, self.scales)
         else:
             sgd_step(self.params, grads, opts.lr)
         if self.refreshes:  # the training loss reads derived state: refresh it (all rows changed)
             for param, grad in zip(self.params, grads, strict=True):
-                param.grad = grad
+                param.grad = grad.to_dense() if grad.is_sparse else grad  # dense: every row moved
             self.module.output.after_optimizer_step()
             for param in self.params:
                 param.grad = None

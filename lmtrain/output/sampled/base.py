@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from lmtrain.common.constants import with_ones_column
 from lmtrain.output.base import OutputLayer, changed_rows, initial_bias
-from lmtrain.output.logsumexp import chunked_logsumexp
+from lmtrain.output.logsumexp import chunked_logsumexp, class_rows, exact_log_prob
 from lmtrain.output.rows import gather_rows, row_scores
 from lmtrain.output.sampled.options import BiasOptions, SampledOptions
 from lmtrain.sampler.base import Sampler
@@ -171,12 +171,20 @@ class SampledOutput(OutputLayer):
     def chunked_log_normalizer(self, logit_query: Tensor) -> Tensor:
         """``log_normalizer`` from the ``logit_query`` (N, d'), over the classes in chunks of ``eval_chunk``."""
         chunk = self.options.eval_chunk
-        return chunked_logsumexp(lambda s, e: self.row_logits(logit_query, self.weight[s:e]), self.num_classes, chunk)
+        return chunked_logsumexp(
+            lambda s, e: self.row_logits(logit_query, class_rows(self.weight, s, e)), self.num_classes, chunk
+        )
 
     def log_prob(self, hidden: Tensor, target: Tensor) -> Tensor:
         logit_query = self.logit_query(self.query(hidden))  # (N, d')
-        target_score = self.id_logits(logit_query, target.unsqueeze(1))[:, 0]  # (N,)
-        return target_score - self.chunked_log_normalizer(logit_query)
+
+        def logits(start: int, end: int) -> Tensor:  # (N, end - start)
+            return self.row_logits(logit_query, class_rows(self.weight, start, end))
+
+        def target_score() -> Tensor:  # (N,)
+            return self.id_logits(logit_query, target.unsqueeze(1))[:, 0]
+
+        return exact_log_prob(logits, target_score, target, self.num_classes, self.options.eval_chunk)
 
     def log_probs_all(self, hidden: Tensor) -> Tensor:
         return torch.log_softmax(self.score(self.query(hidden), self.weight), dim=1)  # (N, n), the same scores
