@@ -81,6 +81,14 @@ def _held(rating: str, measured: str) -> str:
     return "held" if (measured in ("tied", "beats")) == good else "did not hold"
 
 
+def _unjudged(row: dict[str, Any], small: str, large: str) -> str:
+    """The last column where no rating was judged: the reference's ratings (each cell compared with itself), a row
+    the survey does not rate, or a rating whose cells lack seeds."""
+    if small == large == "reference":
+        return "reference (its ratings are not checked against itself)"
+    return "not rated" if not row.get("rating") else "no verdict yet"
+
+
 def render_survey(spec: StudySpec, records: list[dict[str, Any]], root: Path = Path(".")) -> str:
     """The markdown of the survey table from the study's records and the speed records it names."""
     survey = spec.survey or {}
@@ -119,7 +127,7 @@ def render_survey(spec: StudySpec, records: list[dict[str, Any]], root: Path = P
             _rated(f"{small[0]}, {small[1]}".strip(", "), rating[2]),
             _rated(f"{large[0]}, {large[1]}".strip(", "), rating[3]),
             _rated(_ratio(params, label, "parameters_to_full"), rating[4]),
-            "; ".join(held) or ("not rated" if not row.get("rating") else "no verdict yet"),
+            "; ".join(held) or _unjudged(row, small[1], large[1]),
         ]
         lines.append(table_row(cells))
     lines += ["", "Quality verdicts by the project's rule: 'beats' / 'behind' when the means differ by more than twice"]
