@@ -10,10 +10,11 @@ Each entry (``LABEL=OUTPUT[:OVERRIDE...]``, as ``scripts/bench_train.py`` takes 
 ``--positions`` test positions are computed once by the encoder (not timed); then, in interleaved rounds (A, B, ...,
 then again), each layer scores them as an evaluation does: its exact ``log_prob`` in windows of ``--window``
 positions, or, for the labels in ``--unnormalized``, its ``unnormalized_log_prob`` (the target's score alone, the
-self-normalized model's test-time form). A round starts from a layer switched to training and back to evaluation,
-so whatever a layer computes once per evaluation (CNN-softmax's class vectors) is paid in every round. The figure is
-the median of the rounds' positions/s, and its ratio to ``full`` (exact) on the same corpus. The record also holds
-each output layer's parameter count (its sampler's included; the encoder left out) and its ratio to ``full``'s.
+self-normalized model's test-time form). An evaluation starts from a layer switched to training and back to
+evaluation, so whatever a layer computes once per evaluation (CNN-softmax's class vectors) is paid in every one; a
+round repeats whole evaluations until it lasts ``--min-seconds``. The figure is the median of the rounds'
+positions/s, and its ratio to ``full`` (exact) on the same corpus. The record also holds each output layer's
+parameter count (its sampler's included; the encoder left out) and its ratio to ``full``'s.
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--positions", type=int, default=20_000, help="test positions scored per round")
     parser.add_argument("--window", type=int, default=200, help="positions per log_prob call (an eval window)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--min-seconds", type=float, default=0.5, help="a round repeats whole evaluations until it lasts this long"
+    )
     return parse_bench_args(parser, argv)
 
 
@@ -71,8 +75,10 @@ def test_hidden(args: argparse.Namespace, data: str) -> tuple[Tensor, Tensor]:
     return torch.cat(hidden)[: args.positions], torch.cat(targets)[: args.positions]
 
 
-def score_round(output: torch.nn.Module, hidden: Tensor, targets: Tensor, window: int, unnormalized: bool) -> float:
-    """Positions/s of one evaluation over ``hidden``: the layer set to evaluation afresh, then scored in windows."""
+def evaluation_seconds(
+    output: torch.nn.Module, hidden: Tensor, targets: Tensor, window: int, unnormalized: bool
+) -> float:
+    """Seconds of one evaluation over ``hidden``: the layer set to evaluation afresh, then scored in windows."""
     output.train()
     score = output.unnormalized_log_prob if unnormalized else output.log_prob
     start = time.perf_counter()
@@ -80,7 +86,20 @@ def score_round(output: torch.nn.Module, hidden: Tensor, targets: Tensor, window
     with torch.no_grad():
         for begin in range(0, hidden.shape[0], window):
             score(hidden[begin : begin + window], targets[begin : begin + window])
-    return hidden.shape[0] / (time.perf_counter() - start)
+    return time.perf_counter() - start
+
+
+def score_round(
+    output: torch.nn.Module, hidden: Tensor, targets: Tensor, window: int, unnormalized: bool, min_seconds: float
+) -> tuple[float, int]:
+    """Positions/s of one round and its number of evaluations: whole evaluations of ``hidden`` until the round lasts
+    ``min_seconds`` (a layer that reads one row per position finishes one in milliseconds, where a timer's noise
+    would decide its rate)."""
+    seconds, evaluations = 0.0, 0
+    while evaluations == 0 or seconds < min_seconds:
+        seconds += evaluation_seconds(output, hidden, targets, window, unnormalized)
+        evaluations += 1
+    return evaluations * hidden.shape[0] / seconds, evaluations
 
 
 def corpus_table(args: argparse.Namespace, data: str, entries: dict[str, str]) -> dict[str, Any]:
@@ -95,11 +114,13 @@ def corpus_table(args: argparse.Namespace, data: str, entries: dict[str, str]) -
         del module
         gc.collect()
     samples: dict[str, list[float]] = {label: [] for label in entries}
+    evaluations: dict[str, list[int]] = {label: [] for label in entries}
     for index in range(args.rounds):
         for label, layer in layers.items():
-            rate = score_round(layer, hidden, targets, args.window, label in unnormalized)
+            rate, count = score_round(layer, hidden, targets, args.window, label in unnormalized, args.min_seconds)
             samples[label].append(rate)
-            print(f"round {index} {data} {label}: {rate:,.0f} positions/s", flush=True)
+            evaluations[label].append(count)
+            print(f"round {index} {data} {label}: {rate:,.0f} positions/s ({count} evaluations)", flush=True)
     median = {label: statistics.median(values) for label, values in samples.items()}
     full = median.get("full")
     return {
@@ -107,6 +128,7 @@ def corpus_table(args: argparse.Namespace, data: str, entries: dict[str, str]) -
         "num_classes": int(next(iter(layers.values())).num_classes),
         "positions_per_sec": median,
         "samples": samples,
+        "evaluations": evaluations,
         "ratio_to_full": {k: v / full for k, v in median.items()} if full else {},
         "unnormalized": sorted(unnormalized & set(entries)),
         "parameters": params,
@@ -127,6 +149,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "window": args.window,
         "rounds": args.rounds,
+        "min_seconds": args.min_seconds,
         "corpora": corpora,
     }
     for data, found in corpora.items():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from bench_train import labelled
 
 from lmtrain.study.render import check, render
@@ -104,10 +105,33 @@ def test_the_scoring_bench_times_every_layer_and_counts_its_parameters(tmp_path,
     out = tmp_path / "score.json"
     small = ["model.emb_dim=16", "model.hidden_dim=16", "data.train_tokens=5000", "data.test_tokens=600"]
     argv = ["--data", "synthetic:50", "--experiment", "none", "--outputs", "full,hsm,u=uniform", "--positions", "300"]
-    argv += ["--rounds", "1", "--threads", "1", "--json", str(out), *(f"--override={o}" for o in small)]
-    record = bench_scoring.main(argv)
+    argv += ["--rounds", "1", "--min-seconds", "0", "--threads", "1", "--json", str(out)]
+    record = bench_scoring.main([*argv, *(f"--override={o}" for o in small)])
     table = record["corpora"]["synthetic:50"]
     assert set(table["positions_per_sec"]) == {"full", "hsm", "u"} and table["positions"] == 300
     assert table["ratio_to_full"]["full"] == 1.0 and table["parameters"]["full"] == 50 * 16 + 50
     assert table["parameters"]["u"] == table["parameters"]["full"]  # uniform samples: the same class matrix
     assert json.loads(out.read_text()) == record
+    assert table["evaluations"]["full"] == [1]  # --min-seconds 0 below: one evaluation per round
+
+
+def test_a_scoring_round_repeats_whole_evaluations_until_it_lasts_its_minimum():
+    """A layer that scores in no time is evaluated again and again (each time switched to evaluation afresh) until
+    the round's minimum, and its rate counts every evaluation's positions."""
+    import bench_scoring
+
+    class Instant(torch.nn.Module):
+        calls, evaluations = 0, 0
+
+        def eval(self):
+            self.evaluations += 1
+            return super().eval()
+
+        def log_prob(self, hidden, target):
+            self.calls += 1
+            return torch.zeros(hidden.shape[0])
+
+    layer, hidden, targets = Instant(), torch.zeros(10, 2), torch.zeros(10, dtype=torch.long)
+    rate, evaluations = bench_scoring.score_round(layer, hidden, targets, 4, False, min_seconds=0.02)
+    assert evaluations > 1 and layer.evaluations == evaluations and layer.calls == 3 * evaluations  # windows 4, 4, 2
+    assert rate >= 10 * evaluations / (2 * 0.02)  # every evaluation's positions over about min_seconds, not one's
