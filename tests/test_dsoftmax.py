@@ -45,7 +45,7 @@ def dense_log_probs(layer: DifferentiatedSoftmax, hidden: torch.Tensor) -> torch
     return torch.log_softmax(hidden @ padded(layer).T + layer.bias, dim=1)  # (N, n)
 
 
-@pytest.mark.parametrize("eval_chunk", [65536, 2])  # log_prob normalizes in chunks of that many classes per block
+@pytest.mark.parametrize("eval_chunk", [65536, 2])  # the blocks side by side / chunks of 2 classes per block
 def test_log_probs_and_loss_equal_a_dense_softmax_over_the_padded_matrix(eval_chunk):
     layer = tiny(eval_chunk=eval_chunk)
     hidden = torch.randn(40, DIM, dtype=torch.float64)

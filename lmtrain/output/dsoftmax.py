@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from lmtrain.common.ranges import AT_LEAST_1, Checked
 from lmtrain.output.base import OutputLayer, initial_bias
-from lmtrain.output.logsumexp import chunked_logsumexp
+from lmtrain.output.logsumexp import chunked_logsumexp, target_log_softmax
 from lmtrain.output.options import INIT_RANGE, BiasInit
 
 # the derived layout: a head of min(n / 5, 2000) classes, each further cutoff GROWTH times the one before; at most
@@ -138,7 +138,8 @@ class DifferentiatedSoftmax(OutputLayer):
 
     Relies on the frequency-ordered vocabulary (id 0 the most frequent): the first block, the frequent words, gets
     the widest vectors. ``loss`` is the exact mean NLL from the blocks' logits side by side (N, n) (fixed shapes, no
-    host sync); ``log_prob`` normalizes block by block in vocabulary chunks of ``eval_chunk`` classes.
+    host sync); ``log_prob`` reads the same (N, n) logits when one chunk of ``eval_chunk`` classes holds them all,
+    else normalizes block by block in vocabulary chunks.
     """
 
     name, Options = "dsoftmax", DSoftmaxOptions  # output=dsoftmax
@@ -184,6 +185,8 @@ class DifferentiatedSoftmax(OutputLayer):
         return torch.log_softmax(self.logits(hidden), dim=1)  # (N, n)
 
     def log_prob(self, hidden: Tensor, target: Tensor) -> Tensor:
+        if self.eval_chunk >= self.num_classes:  # the blocks' logits side by side (N, n): one product per block
+            return target_log_softmax(self.logits(hidden), target)
         target_logit = self.bias[target]  # (N,)
         log_z: Tensor | None = None
         for k, weight in enumerate(self.weights):

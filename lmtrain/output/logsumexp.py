@@ -33,6 +33,10 @@ def exact_log_prob(
     dynamic evaluation's step per segment needs; else ``target_score()`` (N,), one row read per position, minus
     the chunked logsumexp (n = 10^6)."""
     if chunk >= num_classes:
-        logits = scores(0, num_classes)  # (N, n)
-        return logits.gather(1, target.unsqueeze(1)).squeeze(1) - torch.logsumexp(logits, dim=1)
+        return target_log_softmax(scores(0, num_classes), target)
     return target_score() - chunked_logsumexp(scores, num_classes, chunk)
+
+
+def target_log_softmax(logits: Tensor, target: Tensor) -> Tensor:
+    """(N, n), (N,) -> (N,) log softmax of each row at its target; its gradient is the softmax minus the one-hot."""
+    return logits.gather(1, target.unsqueeze(1)).squeeze(1) - torch.logsumexp(logits, dim=1)
