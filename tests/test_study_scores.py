@@ -213,6 +213,31 @@ def test_a_mode_declared_another_modes_computation_is_not_scored_and_shows_that_
         parse_scores("x", {"scores": {"study": "survey", "modes": modes, "same": {"output=full": {"train": "x"}}}})
 
 
+def test_a_skipped_mode_is_not_scored_and_its_reason_stands_under_the_table(source, tmp_path):
+    """``skip``: a skipped (cell, mode) gets no job; its cells read "not run", the other cells keep their numbers and
+    the reason is printed under the table; a skip without a reason is refused."""
+    from lmtrain.study.scores import pending_jobs
+
+    path, root, runs = source
+    modes = {"plain": [], "dynamic": ["dynamic=true"]}
+    skip = {"output=full": {"dynamic": "each step recomputes every class vector"}}
+    spec = parse_scores("x", {"scores": {"study": str(path), "modes": modes, "skip": skip}})
+    assert spec.skipped("output=full", "dynamic") and not spec.skipped("output=rff", "dynamic")
+    assert [job.mode for job in pending_jobs(spec, root, runs)] == ["plain"] * 2  # two seeds with folders
+    skip = {"output=rff": {"dynamic": "each step recomputes every class vector"}}
+    source_yaml = tmp_path / "src.yaml"
+    source_yaml.write_text(yaml.safe_dump({"grid": [{"output": ["full", "rff"]}], "seeds": [1, 2]}))
+    spec = parse_scores("x", {"scores": {"study": str(source_yaml), "modes": modes, "skip": skip}})
+    records = [fake(o, s, m, 100.0 - 10 * (m == "dynamic") + s) for o in ("full", "rff") for s in (1, 2) for m in modes]
+    table = render_scores_table(spec, records)
+    rows = table_rows(table)
+    assert rows["rff"]["dynamic ppl"] == "not run" and rows["rff"]["dynamic gain"] == "—"
+    assert rows["full"]["dynamic ppl"].startswith("91.5") and rows["rff"]["plain ppl"].startswith("101.5")
+    assert "Not run: rff dynamic: each step recomputes every class vector" in table
+    with pytest.raises(StudyError, match="say why"):
+        parse_scores("x", {"scores": {"study": "survey", "modes": modes, "skip": {"output=rff": {"dynamic": ""}}}})
+
+
 @pytest.mark.parametrize(
     ("scores", "message"),
     [

@@ -108,14 +108,15 @@ def pending_jobs(
 ) -> list[Job]:
     """The (run, mode) pairs without a record, of the runs that have a folder (``cells``: a glob their cell label
     must match too), in the source study's order, each run's modes in declared order; a mode that ``same`` declares
-    another's computation in that cell is not scored."""
+    another's computation in that cell, or that ``skip`` leaves out there, is not scored."""
     done = {r["key"] for r in read_records(records_file(spec, root))}
     jobs = []
     for run in source_runs(spec, root, runs_root):
         if run.folder is None or (cells is not None and not fnmatch.fnmatchcase(run.cell.label, cells)):
             continue
         for mode in spec.modes:
-            if spec.scored_as(run.cell.label, mode) == mode and record_key(run.key, mode) not in done:
+            own = spec.scored_as(run.cell.label, mode) == mode and not spec.skipped(run.cell.label, mode)
+            if own and record_key(run.key, mode) not in done:
                 folder = runs_root / spec.name / run.expected.name  # named after the source run, so unique
                 jobs.append(Job(spec.name, spec.study, run, mode, tuple(spec.arguments(mode)), folder, code or {}))
     return jobs

@@ -5,7 +5,8 @@ and, for every mode but the baseline (the first declared), its gain: each seed's
 the same run's baseline perplexity, in percent, mean ± sd over seeds. The last column compares each row's gains with
 the reference cell's by the project's rule (``lmtrain.study.stats.verdict``): 'larger' or 'smaller' only where the
 mean gains differ by more than twice the pooled sd of the two cells' seed gains, else 'tied'. A mode that the study
-declares another's computation in a cell (``same``) shows that mode's numbers there, marked "(= OTHER)".
+declares another's computation in a cell (``same``) shows that mode's numbers there, marked "(= OTHER)"; a mode it
+leaves out of a cell (``skip``) shows "not run" there, with the reason under the table.
 """
 
 from __future__ import annotations
@@ -103,6 +104,9 @@ def render_scores_table(spec: ScoreSpec, records: list[dict[str, Any]]) -> str:
         row = [name[label], str(len(seeds))]
         words = []
         for mode in modes:
+            if spec.skipped(label, mode):  # not scored here: the reason is under the table
+                row += ["not run", *(["—"] if spec.speed else []), *([] if mode == baseline else ["—"])]
+                continue
             own = spec.scored_as(label, mode)  # the mode whose records stand for this one here
             ppl = mode_stats(records, label, own)
             row.append(_with_failed(format_stats(ppl), ppl) + ("" if own == mode else f" (= {own})"))
@@ -126,6 +130,12 @@ def render_scores_table(spec: ScoreSpec, records: list[dict[str, Any]]) -> str:
     ]
     if spec.speed:
         lines += ["s / 1k tokens: the scoring pass alone (searches and gradient statistics aside), wall seconds."]
+    lines += [
+        f"Not run: {name[c.label]} {mode}: {why}"
+        for c in cells
+        for mode in modes
+        if (why := spec.skipped(c.label, mode))
+    ]
     lines += list(spec.notes)
     return "\n".join(lines) + "\n"
 

@@ -17,6 +17,8 @@ A scoring study is a YAML file like a training study, with a ``scores`` block in
       speed: false                           # optional: a seconds-per-1,000-tokens column per mode in the table
       same:                                  # optional: a cell's mode that is another mode's computation there is
         "data=wt2,output=full": {train: exact}  # not scored again; its cells show that mode's records
+      skip:                                  # optional: a cell's mode not scored, and why (shown under the table)
+        "data=ptb,output=charcnn": {dynamic: "every step recomputes every class vector"}
     notes: ["..."]                           # optional: lines under the table
 """
 
@@ -32,7 +34,7 @@ import yaml
 from lmtrain import CONF_DIR
 from lmtrain.study.spec import StudyError, StudySpec, find_spec, read_study_file
 
-KNOWN = ("study", "cells", "modes", "overrides", "reference", "speed", "same")
+KNOWN = ("study", "cells", "modes", "overrides", "reference", "speed", "same", "skip")
 PATH_ARGS = ("ckpt_path", "file", "out")  # score's arguments a scoring study sets itself, per run
 
 
@@ -51,6 +53,7 @@ class ScoreSpec:
     notes: tuple[str, ...] = ()
     source: Path | None = None
     same: tuple[tuple[str, str, str], ...] = ()  # (cell glob, mode, the mode whose computation it is there)
+    skip: tuple[tuple[str, str, str], ...] = ()  # (cell glob, mode, why that mode is not scored there)
 
     @property
     def baseline(self) -> str:
@@ -69,6 +72,10 @@ class ScoreSpec:
         """The mode whose records stand for ``mode`` in the cell ``label``: ``mode`` itself unless ``same`` declares
         it another mode's computation there."""
         return next((other for glob, m, other in self.same if m == mode and fnmatch.fnmatchcase(label, glob)), mode)
+
+    def skipped(self, label: str, mode: str) -> str | None:
+        """Why ``mode`` is not scored in the cell ``label`` (``skip``); None when it is."""
+        return next((why for glob, m, why in self.skip if m == mode and fnmatch.fnmatchcase(label, glob)), None)
 
     def matches(self, label: str) -> bool:
         """Whether a source cell (by its label) is one this study scores."""
@@ -124,6 +131,13 @@ def parse_scores(name: str, data: dict[str, Any], source: Path | None = None) ->
         for mode, other in aliases.items():
             if mode not in modes or other not in modes or mode == other:
                 raise StudyError(f"{where}: scores.same.{glob}: {mode}: {other} must name two different modes")
+    skip = block.get("skip") or {}
+    for glob, reasons in skip.items() if isinstance(skip, dict) else [(None, None)]:
+        if not isinstance(glob, str) or not isinstance(reasons, dict):
+            raise StudyError(f"{where}: scores.skip maps a cell glob to {{MODE: WHY}}")
+        for mode, why in reasons.items():
+            if mode not in modes or not isinstance(why, str) or not why.strip():
+                raise StudyError(f"{where}: scores.skip.{glob}: {mode} must name a mode and say why it is not scored")
     return ScoreSpec(
         name=name,
         description=str(data.get("description", "")),
@@ -136,6 +150,7 @@ def parse_scores(name: str, data: dict[str, Any], source: Path | None = None) ->
         notes=tuple(str(n) for n in data.get("notes") or []),
         source=source,
         same=tuple((glob, str(m), str(o)) for glob, aliases in same.items() for m, o in aliases.items()),
+        skip=tuple((glob, str(m), str(w)) for glob, reasons in skip.items() for m, w in reasons.items()),
     )
 
 
