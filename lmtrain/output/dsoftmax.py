@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from lmtrain.common.ranges import AT_LEAST_1, Checked
 from lmtrain.output.base import OutputLayer, initial_bias
-from lmtrain.output.logsumexp import chunked_logsumexp, target_log_softmax
+from lmtrain.output.logsumexp import class_rows, target_and_log_z
 from lmtrain.output.options import INIT_RANGE, BiasInit
 
 # the derived layout: a head of min(n / 5, 2000) classes, each further cutoff GROWTH times the one before; at most
@@ -138,8 +138,8 @@ class DifferentiatedSoftmax(OutputLayer):
 
     Relies on the frequency-ordered vocabulary (id 0 the most frequent): the first block, the frequent words, gets
     the widest vectors. ``loss`` is the exact mean NLL from the blocks' logits side by side (N, n) (fixed shapes, no
-    host sync); ``log_prob`` reads the same (N, n) logits when one chunk of ``eval_chunk`` classes holds them all,
-    else normalizes block by block in vocabulary chunks.
+    host sync); ``log_prob`` normalizes block by block, each block's logits in vocabulary chunks of ``eval_chunk``
+    classes (one product when they fit, the target's logit read from it).
     """
 
     name, Options = "dsoftmax", DSoftmaxOptions  # output=dsoftmax
@@ -185,21 +185,27 @@ class DifferentiatedSoftmax(OutputLayer):
         return torch.log_softmax(self.logits(hidden), dim=1)  # (N, n)
 
     def log_prob(self, hidden: Tensor, target: Tensor) -> Tensor:
-        if self.eval_chunk >= self.num_classes:  # the blocks' logits side by side (N, n): one product per block
-            return target_log_softmax(self.logits(hidden), target)
-        target_logit = self.bias[target]  # (N,)
+        target_logit: Tensor | None = None
         log_z: Tensor | None = None
-        for k, weight in enumerate(self.weights):
-            start, end = self.bounds[k], self.bounds[k + 1]
-            h = hidden[:, self.offsets[k] : self.offsets[k + 1]]  # (N, d_k)
-            part = self.block_log_z(h, weight, self.bias[start:end])  # (N,)
-            log_z = part if log_z is None else torch.logaddexp(log_z, part)  # (N,)
-            inside = (target >= start) & (target < end)  # (N,)
-            local = (target - start).clamp(0, end - start - 1)  # (N,) the target's row in W_k where inside
-            target_logit = target_logit + torch.where(inside, (h * weight[local]).sum(1), 0.0)
-        assert log_z is not None, "at least one block"
+        for k, (h, weight) in enumerate(zip(hidden.split(self.widths, dim=1), self.weights, strict=True)):
+            start, end = self.bounds[k], self.bounds[k + 1]  # h: (N, d_k), weight: (n_k, d_k)
+            bias = class_rows(self.bias, start, end)  # (n_k,)
+            local = (target - start).clamp(0, end - start - 1)  # (N,) the target's row in W_k where it is inside
+            own, part = self.block_terms(h, weight, bias, local)  # (N,) each
+            inside = torch.where((target >= start) & (target < end), own, 0.0)  # (N,)
+            target_logit = inside if target_logit is None else target_logit + inside
+            log_z = part if log_z is None else torch.logaddexp(log_z, part)
+        assert target_logit is not None and log_z is not None, "at least one block"
         return target_logit - log_z
 
-    def block_log_z(self, h: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
-        """(N, d_k), (n_k, d_k), (n_k,) -> (N,) logsumexp of one block's logits, in chunks of ``eval_chunk``."""
-        return chunked_logsumexp(lambda s, e: F.linear(h, weight[s:e], bias[s:e]), weight.shape[0], self.eval_chunk)
+    def block_terms(self, h: Tensor, weight: Tensor, bias: Tensor, local: Tensor) -> tuple[Tensor, Tensor]:
+        """(N, d_k), (n_k, d_k), (n_k,), (N,) -> each position's logit of row ``local`` of the block and the block's
+        logsumexp, (N,) each (``target_and_log_z``: one product when the block fits in ``eval_chunk`` classes)."""
+
+        def logits(start: int, end: int) -> Tensor:  # (N, end - start)
+            return F.linear(h, class_rows(weight, start, end), class_rows(bias, start, end))
+
+        def row() -> Tensor:  # (N,)
+            return (h * weight[local]).sum(1) + bias[local]
+
+        return target_and_log_z(logits, row, local, weight.shape[0], self.eval_chunk)

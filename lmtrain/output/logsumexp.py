@@ -28,15 +28,20 @@ def exact_log_prob(
     scores: Callable[[int, int], Tensor], target_score: Callable[[], Tensor], target: Tensor, num_classes: int,
     chunk: int,
 ) -> Tensor:  # fmt: skip
-    """log p(target) = s_target - logsumexp over classes of s, (N,). When one chunk holds every class, both come
-    from the one logits matrix scores(0, n) (N, n): its gradient is one product with the class vectors, which
-    dynamic evaluation's step per segment needs; else ``target_score()`` (N,), one row read per position, minus
-    the chunked logsumexp (n = 10^6)."""
+    """log p(target) = s_target - logsumexp over classes of s, (N,) (``target_and_log_z``)."""
+    target_logit, log_z = target_and_log_z(scores, target_score, target, num_classes, chunk)
+    return target_logit - log_z
+
+
+def target_and_log_z(
+    scores: Callable[[int, int], Tensor], target_score: Callable[[], Tensor], target: Tensor, num_classes: int,
+    chunk: int,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """s_target and logsumexp over classes of s, each (N,). When one chunk holds every class, both come from the one
+    logits matrix scores(0, n) (N, n): their gradient is one product with the class vectors, which dynamic
+    evaluation's step per segment needs; else ``target_score()``, one row read per position, and the chunked
+    logsumexp (n = 10^6)."""
     if chunk >= num_classes:
-        return target_log_softmax(scores(0, num_classes), target)
-    return target_score() - chunked_logsumexp(scores, num_classes, chunk)
-
-
-def target_log_softmax(logits: Tensor, target: Tensor) -> Tensor:
-    """(N, n), (N,) -> (N,) log softmax of each row at its target; its gradient is the softmax minus the one-hot."""
-    return logits.gather(1, target.unsqueeze(1)).squeeze(1) - torch.logsumexp(logits, dim=1)
+        logits = scores(0, num_classes)  # (N, n)
+        return logits.gather(1, target.unsqueeze(1)).squeeze(1), torch.logsumexp(logits, dim=1)
+    return target_score(), chunked_logsumexp(scores, num_classes, chunk)
