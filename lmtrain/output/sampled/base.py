@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any, ClassVar, NamedTuple
 
 import torch
@@ -170,20 +171,19 @@ class SampledOutput(OutputLayer):
 
     def chunked_log_normalizer(self, logit_query: Tensor) -> Tensor:
         """``log_normalizer`` from the ``logit_query`` (N, d'), over the classes in chunks of ``eval_chunk``."""
-        chunk = self.options.eval_chunk
-        return chunked_logsumexp(
-            lambda s, e: self.row_logits(logit_query, class_rows(self.weight, s, e)), self.num_classes, chunk
-        )
+        return chunked_logsumexp(partial(self.class_logits, logit_query), self.num_classes, self.options.eval_chunk)
+
+    def class_logits(self, logit_query: Tensor, start: int, end: int) -> Tensor:
+        """Logits of classes start..end for the ``logit_query`` (N, d') -> (N, end - start)."""
+        return self.row_logits(logit_query, class_rows(self.weight, start, end))
 
     def log_prob(self, hidden: Tensor, target: Tensor) -> Tensor:
         logit_query = self.logit_query(self.query(hidden))  # (N, d')
 
-        def logits(start: int, end: int) -> Tensor:  # (N, end - start)
-            return self.row_logits(logit_query, class_rows(self.weight, start, end))
-
         def target_score() -> Tensor:  # (N,)
             return self.id_logits(logit_query, target.unsqueeze(1))[:, 0]
 
+        logits = partial(self.class_logits, logit_query)  # (start, end) -> (N, end - start)
         return exact_log_prob(logits, target_score, target, self.num_classes, self.options.eval_chunk)
 
     def log_probs_all(self, hidden: Tensor) -> Tensor:
