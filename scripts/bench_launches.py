@@ -10,9 +10,9 @@ vocabulary size (Zipf counts, no corpus) and in a CPU's and a GPU's step forms (
 ``step_forms=cpu|gpu``; a GPU's forms run on the CPU, so the counts are the operators a GPU would launch; a record's
 rows keep the key ``execution``). Counts are exact and machine-independent. The budgets
 of the GPU paths (the issue on GPU-speed sampling) are checked and printed: at most one host sync per step; kernel
-samplers at most 3x unigram's operators and the same count (within 5%) at every size; every other strategy at
-most 1.5x full's plus its sampler's own draw (``lab.launches.count_draw``: the proposal and the m negatives
-drawn from it, counted alone; recorded as ``draw_launches`` on the GPU rows).
+samplers at most 3x unigram's operators and the same count (within 5%) at every size; the strategies of
+``WITHIN_THE_RULE`` at most 1.5x full's plus its sampler's own draw (``lab.launches.count_draw``: the proposal and
+the m negatives drawn from it, counted alone; recorded as ``draw_launches`` on the GPU rows).
 """
 
 from __future__ import annotations
@@ -39,8 +39,21 @@ OUTPUTS = (
     "negative",
     "hsm",
     "adaptive",
+    "dsoftmax",
+    "charcnn",
+    "mos",
+    "quartic",
+    "sampled:sampler=target",
+    "sampled:sampler=adaptive_ngram",
+    "sampled:sampler=inbatch",
+    "full:output.self_normalize=0.1",
+    "full:output.self_normalize=0.1:output.normalize_fraction=0.1",
 )
 KERNEL = ("quadratic", "rff")
+# The strategies held to 1.5x full's operators plus their draw (tests/test_launch_budgets.py reads this tuple). The
+# others add work by design (a character CNN, K softmaxes, a proposal's own scoring or adaptation, the log Z
+# penalty): here they are held to the sync budget; the tests hold charcnn and the added proposals to rules of their own
+WITHIN_THE_RULE = ("hsm", "nce", "negative", "uniform", "unigram", "exp", "bigram", "adaptive", "dsoftmax")
 
 
 def overrides(entry: str) -> list[str]:
@@ -58,7 +71,7 @@ def budgets(rows: list[dict]) -> list[str]:
         lines.append(f"{verdict} syncs <= 1: {output} at n = {n}: {row['syncs']}")
     for (output, n), row in sorted(gpu.items()):
         full = gpu.get(("full", n))
-        if output.split(":")[0] in (*KERNEL, "full") or not full:
+        if output not in WITHIN_THE_RULE or not full:
             continue
         limit = 1.5 * full["launches"] + row["draw_launches"]
         verdict = "PASS" if row["launches"] <= limit else "FAIL"
@@ -76,6 +89,9 @@ def budgets(rows: list[dict]) -> list[str]:
         spread = (max(counts.values()) - min(counts.values())) / min(counts.values())
         verdict = "PASS" if spread <= 0.05 else "FAIL"
         lines.append(f"{verdict} same count at every n (5%): {output}: {sorted(counts.items())} ({spread:.1%})")
+    others = sorted({o for o, _ in gpu if o not in (*WITHIN_THE_RULE, "full") and o.split(":")[0] not in KERNEL})
+    if others:
+        lines.append(f"held to the sync budget only (no 1.5x rule): {', '.join(others)}")
     return lines
 
 

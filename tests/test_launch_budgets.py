@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from bench_launches import OUTPUTS, WITHIN_THE_RULE, overrides
 from lab.launches import DispatchCounter, count_draw, count_train_step, counted_step
 
 from lmtrain.training.optim import merge_repeats
@@ -31,33 +32,16 @@ WHOLE, WALKED = 10_000, (200_000, 1_000_000)
 SAME_COUNT = 1.05  # the issue's "the same count (+-5%)" at every size: the largest at most 1.05x the smallest
 
 
-def counts(overrides: list[str], n: int, forms: str = "gpu"):
-    extra = ["sampler.D=32"] if "output=rff" in overrides else []
-    return count_train_step([*SMALL, *extra, *overrides, f"step_forms={forms}"], n, batch=(20, 35))
+def counts(options: list[str], n: int, forms: str = "gpu"):
+    extra = ["sampler.D=32"] if "output=rff" in options else []
+    return count_train_step([*SMALL, *extra, *options, f"step_forms={forms}"], n, batch=(20, 35))
 
 
-@pytest.mark.parametrize(
-    "output",
-    [
-        "full",
-        "uniform",
-        "unigram",
-        "bigram",
-        "nce",
-        "negative",
-        "hsm",
-        "exp",
-        "rff",
-        "quadratic",
-        "adaptive",
-        "dsoftmax",
-        "mos",
-        "charcnn",
-        "quartic",
-    ],
-)
-def test_a_gpu_step_has_at_most_one_host_sync(output):
-    step = counts([f"output={output}"], 2000)
+@pytest.mark.parametrize("entry", OUTPUTS)
+def test_a_gpu_step_has_at_most_one_host_sync(entry):
+    """Every strategy the launch script counts (``scripts/bench_launches.py``), the survey's parts and options among
+    them: the in-batch and target proposals' fixed-size sets, infrequent normalisation's fixed count of positions."""
+    step = counts(overrides(entry), 2000)
     assert step.syncs <= 1, dict(step.sync_ops)
 
 
@@ -77,7 +61,6 @@ def full_step() -> int:
 # unigram, exp and bigram meet it with the targets' log q looked up with the negatives' (``SampledOutput.joint_draw``):
 # one operator over it without; adaptive with its equal-size tail clusters scored as one
 # (``AdaptiveSoftmax.tails_nll``): two over it without
-WITHIN_THE_RULE = ["hsm", "nce", "negative", "uniform", "unigram", "exp", "bigram", "adaptive", "dsoftmax"]
 
 
 @pytest.mark.parametrize("output", WITHIN_THE_RULE)
@@ -115,11 +98,13 @@ def adaptation_launches(overrides: list[str], num_classes: int, positions: int =
 
 # the proposals added beside the sampled softmax's, each against the path its output takes with an existing sampler:
 # beyond its own draw (and adaptive_ngram's adaptation, its sampler's work too: the importance weights and the SGD
-# step of its mixture), target pays what the batch-shared path pays (uniform's shared mode), adaptive_ngram what the
-# per-position path with one joint lookup pays (bigram), output=quartic what the absolute softmax with a dense
-# proposal pays (quadratic with sampler=softmax). Those paths' margins against 1.5x full are their own (docs/gpu.md)
+# step of its mixture), target and inbatch pay what the batch-shared path pays (uniform's shared mode),
+# adaptive_ngram what the per-position path with one joint lookup pays (bigram), output=quartic what the absolute
+# softmax with a dense proposal pays (quadratic with sampler=softmax). Those paths' margins against 1.5x full are
+# their own (docs/gpu.md)
 SAME_PATH = {
     "target": (["output=sampled", "sampler=target"], ["output=uniform", "output.shared_negatives=true"]),
+    "inbatch": (["output=sampled", "sampler=inbatch"], ["output=uniform", "output.shared_negatives=true"]),
     "adaptive_ngram": (["output=sampled", "sampler=adaptive_ngram"], ["output=bigram"]),
     "quartic": (["output=quartic"], ["output=quadratic", "sampler=softmax"]),
 }
