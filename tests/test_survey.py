@@ -85,6 +85,20 @@ def test_the_survey_table_reads_records_and_speed_records_and_says_which_ratings
     assert "survey.md" in check(spec, tmp_path / "docs" / "study")
 
 
+def test_a_row_without_a_quality_rating_or_without_seeds_says_which(tmp_path):
+    """The last column tells a row the survey rates only for speed from a rated row whose cells lack seeds."""
+    rows = [ROWS[0], ROWS[1], {**ROWS[2], "rating": ["8x", "-", "-", "-", "100%"]}]
+    spec = parse_spec("s", {**GRID, "survey": {"rows": rows}})
+    records = [r for r in write_records(tmp_path, spec) if not r["key"].startswith("data=wikitext2,output=hsm,seed=3")]
+    table = render_survey(spec, records, tmp_path)
+    lines = {line.split(" | ")[0].lstrip("| "): line for line in table.splitlines() if line.startswith("| ")}
+    assert lines["nce"].endswith("| no quality rating |")  # measured, tied, but the survey rates no quality
+    assert "too few seeds [very good]" in lines["hsm"] and lines["hsm"].endswith("| small: held |")
+    rows[1] = {**ROWS[1], "rating": ["25x", "-", "-", "very good", "100%"]}  # only the seedless cell is rated
+    table = render_survey(parse_spec("s", {**GRID, "survey": {"rows": rows}}), records, tmp_path)
+    assert "| hsm |" in table and table.split("| hsm |")[1].splitlines()[0].endswith("| no verdict yet |")
+
+
 def test_the_package_survey_names_a_cell_of_its_grid_for_every_row():
     spec = find_spec("survey")
     labels = {",".join(p for p in c.label.split(",") if not p.startswith("data=")) for c in spec.cells}

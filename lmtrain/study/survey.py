@@ -81,12 +81,14 @@ def _held(rating: str, measured: str) -> str:
     return "held" if (measured in ("tied", "beats")) == good else "did not hold"
 
 
-def _unjudged(row: dict[str, Any], small: str, large: str) -> str:
+def _unjudged(row: dict[str, Any], rating: list[str], small: str, large: str) -> str:
     """The last column where no rating was judged: the reference's ratings (each cell compared with itself), a row
-    the survey does not rate, or a rating whose cells lack seeds."""
+    the survey does not rate, a row whose quality it does not rate, or a rating whose cells lack seeds."""
     if small == large == "reference":
         return "reference (its ratings are not checked against itself)"
-    return "not rated" if not row.get("rating") else "no verdict yet"
+    if not row.get("rating"):
+        return "not rated"
+    return "no quality rating" if all(r in ("", "-") for r in rating[2:4]) else "no verdict yet"
 
 
 def render_survey(spec: StudySpec, records: list[dict[str, Any]], root: Path = Path(".")) -> str:
@@ -127,7 +129,7 @@ def render_survey(spec: StudySpec, records: list[dict[str, Any]], root: Path = P
             _rated(f"{small[0]}, {small[1]}".strip(", "), rating[2]),
             _rated(f"{large[0]}, {large[1]}".strip(", "), rating[3]),
             _rated(_ratio(params, label, "parameters_to_full"), rating[4]),
-            "; ".join(held) or _unjudged(row, small[1], large[1]),
+            "; ".join(held) or _unjudged(row, rating, small[1], large[1]),
         ]
         lines.append(table_row(cells))
     lines += ["", "Quality verdicts by the project's rule: 'beats' / 'behind' when the means differ by more than twice"]
