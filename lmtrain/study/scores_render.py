@@ -129,7 +129,11 @@ def render_scores_table(spec: ScoreSpec, records: list[dict[str, Any]]) -> str:
         " evaluation's lr, searched on the validation split; the other options) are in the records.",
     ]
     if spec.speed:
-        lines += ["s / 1k tokens: the scoring pass alone (searches and gradient statistics aside), wall seconds."]
+        lines += [
+            "s / 1k tokens: the scoring pass alone (searches and gradient statistics aside), wall seconds as the study"
+            " ran it; jobs that shared the machine slow each other, so speeds are compared side by side in one process"
+            " by `scripts/bench_dynamic.py`."
+        ]
     lines += [
         f"Not run: {name[c.label]} {mode}: {why}"
         for c in cells
