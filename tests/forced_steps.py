@@ -33,9 +33,14 @@ CASES = [
     ("quadratic", SHARED),
     *((o, TIED) for o in ("full", "unigram", "rff", "quadratic", "nce")),
     ("full", TIED_NARROW),
+    # proposals chosen by sampler= alone, and self-normalisation's penalty. Not here: target sampling (its set is the
+    # batch's targets topped up by the device's generator, which forced ids would replace) and infrequent
+    # normalisation (its positions come from the device's generator)
+    *(("sampled", f"sampler={name}") for name in ("adaptive_ngram", "inbatch")),
+    ("full", "output.self_normalize=0.1"),
 ]
 SUFFIX = {"": "", SHARED: "-shared", TIED: "-tied", TIED_NARROW: "-tied-narrow"}
-CASE_IDS = [f"{o}{SUFFIX[e]}" for o, e in CASES]
+CASE_IDS = [f"{o}{SUFFIX.get(e, '-' + e.replace('sampler=', '').replace('output.', ''))}" for o, e in CASES]
 
 
 def config(output: str, extra: str) -> DictConfig:
