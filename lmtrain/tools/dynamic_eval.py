@@ -153,14 +153,55 @@ def rms_step(params: list[Tensor], grads: list[Tensor], keeps: list[Tensor], anc
              scales: list[Tensor]) -> None:  # fmt: skip
     """θ <- keep θ + anchor + scale g for each parameter, in place: with keep = 1 - pull, anchor = pull θ_0 and
     scale = -lr / (RMS + eps) this is θ + pull (θ_0 - θ) - lr g / (RMS + eps), both terms from the θ before the
-    step, in three passes over θ and no θ-sized temporary. A sparse gradient adds its term to its rows only."""
+    step, in two passes over θ and no θ-sized temporary. A sparse gradient adds its term to its rows only."""
     for param, grad, keep, anchor, scale in zip(params, grads, keeps, anchors, scales, strict=True):
-        param.mul_(keep).add_(anchor)  # every row decays
-        if grad.is_sparse:  # the gradient's term on its rows only; a row named twice adds both entries
-            rows = grad._indices()[0]  # (r,)
-            param.index_add_(0, rows, grad._values() * scale[rows])
-        else:
-            param.addcmul_(grad, scale)
+        torch.addcmul(anchor, keep, param, out=param)  # every row decays: one pass, θ read and written in place
+        add_rows_or_all(param, grad, scale)
+
+
+def add_rows_or_all(param: Tensor, grad: Tensor, scale: Tensor) -> None:
+    """θ += scale g in place; a sparse gradient adds its term to its rows only (a row named twice adds both)."""
+    if grad.is_sparse:
+        rows = grad._indices()[0]  # (r,)
+        param.index_add_(0, rows, grad._values() * scale[rows])
+    else:
+        param.addcmul_(grad, scale)
+
+
+class LazyDecay:
+    """The rms step's decay of a parameter whose gradient is sparse rows (an untied input embedding), applied to a
+    row only when a segment reads it. A row left alone for k steps decays as θ_0 + keep^k (θ - θ_0), which is k
+    eager steps of θ <- keep θ + (1 - keep) θ_0; so a step costs the segment's rows, not the vocabulary's.
+    ``catch_up(rows)`` before a forward pass reads them; ``current`` before anything reads the whole matrix."""
+
+    def __init__(self, param: Tensor, keep: Tensor, origin: Tensor) -> None:
+        self.param, self.keep, self.origin = param, keep, origin
+        self.done = torch.zeros(param.shape[0], dtype=torch.long, device=param.device)  # (n,) steps applied per row
+        self.steps = 0  # steps taken
+
+    @torch.no_grad()
+    def catch_up(self, rows: Tensor) -> None:
+        """Apply every step's decay that ``rows`` (r,) have missed (a row named twice gets the same value twice)."""
+        missed = (self.steps - self.done[rows]).unsqueeze(1).to(self.param.dtype)  # (r, 1)
+        origin = self.origin[rows]  # (r, d)
+        self.param[rows] = origin + self.keep[rows].pow(missed) * (self.param[rows] - origin)
+        self.done[rows] = self.steps
+
+    @torch.no_grad()
+    def step(self, grad: Tensor, scale: Tensor) -> None:
+        """One step: the decay on the gradient's rows (read by the segment, so caught up), its term added to them."""
+        self.steps += 1
+        self.catch_up(grad._indices()[0])
+        add_rows_or_all(self.param, grad, scale)
+
+    def current(self) -> None:
+        """Every row decayed to the current step (the whole matrix as the eager step leaves it)."""
+        self.catch_up(torch.arange(self.param.shape[0], device=self.param.device))
+
+    def reset(self) -> None:
+        """After θ_0 is restored: no step taken."""
+        self.done.zero_()
+        self.steps = 0
 
 
 @torch.no_grad()
@@ -202,9 +243,17 @@ class DynamicEvaluation:
                 self.keeps.append(1 - pull)
                 self.anchors.append(pull.mul_(origin))
                 self.scales.append((r + options.eps).reciprocal_().mul_(-options.lr))
+        # an embedding with sparse row gradients decays lazily: a step then touches the segment's rows only
+        embedding = getattr(module.encoder, "embedding", None) if hasattr(module, "encoder") else None
+        self.lazy: LazyDecay | None = None
+        if self.keeps and isinstance(embedding, nn.Embedding) and embedding.sparse:
+            index = next(i for i, p in enumerate(self.params) if p is embedding.weight)
+            self.lazy = LazyDecay(self.params[index], self.keeps[index], self.start[index])
 
     def __call__(self, batch: Batch, state: Any) -> tuple[Tensor, Tensor, Any]:
         """Score one segment with the current weights, then take the step on it."""
+        if self.lazy is not None:
+            self.lazy.catch_up(batch[0].reshape(-1))  # the input rows the forward pass reads
         log_p, hidden, state, grads = segment_gradients(self.module, batch, state, self.options.objective)
         self.step(grads)
         return log_p, hidden, state
@@ -213,7 +262,11 @@ class DynamicEvaluation:
         """One step on the gradients ``grads`` (one per adapted parameter)."""
         opts = self.options
         if opts.method == Method.rms:
-            rms_step(self.params, grads, self.keeps, self.anchors, self.scales)
+            for i, (param, grad) in enumerate(zip(self.params, grads, strict=True)):
+                if self.lazy is not None and param is self.lazy.param:  # a sparse embedding's gradient: sparse
+                    self.lazy.step(grad, self.scales[i])
+                else:
+                    rms_step([param], [grad], [self.keeps[i]], [self.anchors[i]], [self.scales[i]])
         else:
             sgd_step(self.params, grads, opts.lr)
         if self.refreshes:  # the training loss reads derived state: refresh it (all rows changed)
@@ -228,6 +281,8 @@ class DynamicEvaluation:
         """The trained weights and persistent buffers again (and the output's derived state rebuilt from them)."""
         for param, origin in zip(self.params, self.start, strict=True):
             param.copy_(origin)
+        if self.lazy is not None:
+            self.lazy.reset()
         for name, buffer in self.module.named_buffers():
             if name in self.start_buffers:
                 buffer.copy_(self.start_buffers[name])
