@@ -270,10 +270,13 @@ class DynamicEvaluation:
         else:
             sgd_step(self.params, grads, opts.lr)
         if self.refreshes:  # the training loss reads derived state: refresh it (all rows changed)
-            for param, grad in zip(self.params, grads, strict=True):
+            # the output's hook reads its own parameters' gradients (which rows changed), and no other's
+            mine = {id(p) for p in self.module.output.parameters()}
+            owned = [(p, g) for p, g in zip(self.params, grads, strict=True) if id(p) in mine]
+            for param, grad in owned:
                 param.grad = grad.to_dense() if grad.is_sparse else grad  # dense: every row moved
             self.module.output.after_optimizer_step()
-            for param in self.params:
+            for param, _ in owned:
                 param.grad = None
 
     @torch.no_grad()
