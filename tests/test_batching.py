@@ -15,6 +15,7 @@ from lmtrain.data import (
     WindowDataset,
     batchify,
 )
+from lmtrain.run.lightning_data import LightningData
 
 
 def test_batchify_and_windows_cover_the_stream_in_order() -> None:
@@ -58,9 +59,9 @@ def test_ddp_ranks_see_the_single_process_positions() -> None:
     single = SyntheticDataModule(**kw)
     single.setup()
     ranks = []
-    for rank in range(2):
-        dm = SyntheticDataModule(**kw)
-        dm.trainer = types.SimpleNamespace(world_size=2, global_rank=rank)
+    for rank in range(2):  # through the Lightning adapter, which gives each rank its place from the trainer
+        dm = LightningData(SyntheticDataModule(**kw))
+        dm.trainer = types.SimpleNamespace(world_size=2, global_rank=rank, current_epoch=0)
         dm.setup()
         ranks.append(dm)
     for make in ("train_dataloader", "val_dataloader", "test_dataloader"):
@@ -70,7 +71,7 @@ def test_ddp_ranks_see_the_single_process_positions() -> None:
         for (x, y), (x0, y0), (x1, y1) in zip(one, *parts, strict=True):
             assert torch.equal(x, torch.cat([x0, x1])) and torch.equal(y, torch.cat([y0, y1]))
     odd = SyntheticDataModule(**{**kw, "batch_size": 3})
-    odd.trainer = types.SimpleNamespace(world_size=2, global_rank=0)
+    odd.shard = (0, 2)  # rank 0 of 2
     odd.setup()
     with pytest.raises(DataError, match="not divisible"):
         odd.train_dataloader()

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.cli_runs import TINY, run_cli
+from tests.cli_runs import TINY, cli_env, run_cli
 
 NEEDS_NO_GPU = pytest.mark.skipif(torch.cuda.is_available() or torch.backends.mps.is_available(), reason="a GPU")
 PROC = pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="no procfs here")  # a folder no one can make
@@ -40,6 +42,27 @@ def test_bad_input_gives_one_clear_line_exit_2_and_leaves_no_folder(tmp_path, ar
     [line] = result.stderr.strip().splitlines()
     assert line.startswith("lmtrain: error: ") and expected in line
     assert not (tmp_path / "outputs").exists()  # a failed call leaves no empty run folder behind
+
+
+# the CLI run in a process that reports, at exit, whether Lightning was imported
+IMPORTS_LIGHTNING = (
+    "import atexit, runpy, sys\n"
+    "atexit.register(lambda: print('lightning imported:', 'lightning' in sys.modules))\n"
+    "sys.argv = ['lmtrain', *sys.argv[1:]]\n"
+    "runpy.run_module('lmtrain', run_name='__main__', alter_sys=True)\n"
+)
+
+
+@pytest.mark.parametrize("args", [["output=bogus"], ["sampler.D=1024"], ["data=synthetic", "optim.lr=abc"]])
+def test_a_refused_command_line_does_not_wait_for_lightning(tmp_path, args):
+    """The config layer names every part, data modules included, without importing Lightning (a plain class behind
+    ``lmtrain.run.lightning_data``): a typo is answered in the time torch and Hydra take to import."""
+    result = subprocess.run(
+        [sys.executable, "-c", IMPORTS_LIGHTNING, *args],
+        cwd=tmp_path, env=cli_env(tmp_path), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2 and result.stderr.startswith("lmtrain: error: "), result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "lightning imported: False"
 
 
 def test_short_training_run_from_the_command_line(tmp_path):

@@ -11,6 +11,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from lmtrain.run.build import Runtime, build, build_output
+from lmtrain.run.lightning_data import LightningData
 from lmtrain.run_folder.checkpoints import read_checkpoint
 from lmtrain.training.module import LanguageModel
 from tests.cli_runs import (
@@ -76,7 +77,7 @@ def test_ddp_kernel_trees_stay_identical_on_every_rank(tmp_path):
     module.load_state_dict(torch.load(tmp_path / "ddp" / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"])
     trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
-    [alone] = trainer.validate(module, datamodule=data, verbose=False)
+    [alone] = trainer.validate(module, datamodule=LightningData(data), verbose=False)
     assert run_info(tmp_path / "ddp")["metrics"]["val/ppl"] == pytest.approx(alone["val/ppl"], rel=1e-5)
 
 

@@ -11,8 +11,10 @@ import torch
 from lmtrain.common import precision as precision_module
 from lmtrain.common.precision import autocast_on, float32_region, in_float32
 from lmtrain.config.validate import ConfigError, check_config
+from lmtrain.data.datamodule import LMDataModule
 from lmtrain.model.lstm import LSTMEncoder
 from lmtrain.output.sampled.base import SampledOutput
+from lmtrain.run.lightning_data import LightningData
 from lmtrain.sampler.kernel.sampler import KernelSampler
 from lmtrain.tools.trained import load_model
 from tests.conftest import DEVICES, TINY, make_config
@@ -154,11 +156,11 @@ def test_precisions_with_16_bit_weights_are_refused_with_the_mixed_one_named(pre
     check_config(make_config([*TINY, "trainer.precision=bf16-mixed", "run_dir=unused"]))
 
 
-def validate(module: L.LightningModule, datamodule: L.LightningDataModule, precision: str, device: str) -> float:
+def validate(module: L.LightningModule, datamodule: LMDataModule, precision: str, device: str) -> float:
     trainer = L.Trainer(
         precision=precision, accelerator=device, logger=False, enable_checkpointing=False, enable_progress_bar=False
     )
-    return float(trainer.validate(module, datamodule=datamodule, verbose=False)[0]["val/ppl"])
+    return float(trainer.validate(module, datamodule=LightningData(datamodule), verbose=False)[0]["val/ppl"])
 
 
 @pytest.mark.parametrize("device", DEVICES)

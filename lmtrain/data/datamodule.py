@@ -1,11 +1,12 @@
-"""Lightning data modules: one base (batching, loaders, DDP row sharding) and the corpus sources."""
+"""Data modules: one base (batching, loaders, DDP row sharding) and the corpus sources. They are plain classes:
+Lightning reads them through ``lmtrain.run.lightning_data.LightningData``, so naming a ``data=`` option (the config
+layer imports every part) does not import Lightning."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, ClassVar
 
-import lightning as L
 import torch
 from hydra.utils import to_absolute_path
 from torch import Tensor
@@ -22,16 +23,16 @@ from lmtrain.data.window_lengths import window_lengths
 from lmtrain.data.zipf_topics import zipf_topic_corpus
 
 
-class LMDataModule(L.LightningDataModule, Part):
+class LMDataModule(Part):
     """TBPTT data for language modelling; subclasses only say how to load the :class:`Corpus`.
 
     After ``setup()`` (idempotent, also usable before a Trainer exists): ``num_classes``, ``vocab``,
     ``counts``, ``entropy_rate``, ``train_ids``/``valid_ids``/``test_ids``, ``num_train_windows`` and
     ``train_sampler`` (``set_start(window)`` resumes mid-epoch). Loaders yield (inputs, targets) of
     shape (B, T) in stream order; with ``variable_bptt`` T varies by window and the windows by epoch
-    (``set_train_epoch``; the Trainer then reloads the training loader every epoch). Under DDP
-    (``trainer.world_size > 1``) each rank keeps its contiguous block of the global batch's rows, so N ranks
-    together see what one process sees.
+    (``train_dataloader(epoch)``; the Trainer then reloads the training loader every epoch). Under DDP (``shard``,
+    this process's rank and the number of ranks) each rank keeps its contiguous block of the global batch's rows,
+    so N ranks together see what one process sees.
     """
 
     group = "data"  # data=NAME (``lmtrain.common.part``)
@@ -39,8 +40,8 @@ class LMDataModule(L.LightningDataModule, Part):
     Options: ClassVar[type[BatchOptions]]  # each source's options: the batch layout's keys and its own
 
     def __init__(self, **options: Any) -> None:
-        super().__init__()
         self.options = batch = self.Options(**options)  # the keys left out take their defaults
+        self.shard = (0, 1)  # (rank, world size): set by the Lightning adapter under DDP
         self.batch_size, self.bptt, self.eval_batch_size = batch.batch_size, batch.bptt, batch.eval_batch_size
         self.corpus: Corpus | None = None
         self.train_sampler: StreamSampler | None = None
@@ -105,12 +106,6 @@ class LMDataModule(L.LightningDataModule, Part):
     def test_ids(self) -> Tensor:
         return self._loaded().test
 
-    def _rank(self) -> tuple[int, int]:
-        trainer = self.trainer
-        if trainer is None or trainer.world_size <= 1:
-            return 0, 1
-        return trainer.global_rank, trainer.world_size
-
     def _loader(
         self,
         ids: Tensor,
@@ -120,7 +115,7 @@ class LMDataModule(L.LightningDataModule, Part):
         sampler: StreamSampler | None,
         lengths: list[int] | None = None,
     ) -> DataLoader:
-        rank, world_size = self._rank()
+        rank, world_size = self.shard
         data = shard_rows(batchify(ids, batch_size, split), rank, world_size, key)  # (B / world, L)
         dataset = WindowDataset(data, self.bptt, lengths)
         loader = DataLoader if sampler is None else StreamLoader  # the training loader resumes mid-epoch
@@ -128,10 +123,12 @@ class LMDataModule(L.LightningDataModule, Part):
         # its own generator: creating an iterator must not draw from the global RNG (exact resume)
         return loader(dataset, batch_size=None, sampler=sampler, num_workers=0, generator=torch.Generator())
 
-    def train_dataloader(self) -> DataLoader:
+    def train_dataloader(self, epoch: int | None = None) -> DataLoader:
+        """The training windows of ``epoch`` (variable_bptt lays them out per epoch; else, or without an epoch, the
+        epoch last laid out, ``set_train_epoch``)."""
         self.setup()
-        if self.trainer is not None and self.options.variable_bptt:  # else: the epoch last laid out (set_train_epoch)
-            self.set_train_epoch(self.trainer.current_epoch)
+        if epoch is not None and self.options.variable_bptt:
+            self.set_train_epoch(epoch)
         return self._loader(
             self.train_ids, self.batch_size, "train", "batch_size", self.train_sampler, self.train_lengths
         )

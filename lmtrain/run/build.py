@@ -13,7 +13,6 @@ from __future__ import annotations
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
-import lightning as L
 import torch
 from hydra.utils import get_class, instantiate
 from lightning.pytorch.plugins.precision import DoublePrecision
@@ -22,6 +21,7 @@ from torch import Tensor
 
 from lmtrain.common.precision import PRECISION_ALIASES
 from lmtrain.common.runtime import Runtime, StepForms
+from lmtrain.data.datamodule import LMDataModule
 from lmtrain.training.module import LanguageModel
 from lmtrain.training.optim import sparse_rows_allowed, sparse_rows_match_dense
 
@@ -88,9 +88,7 @@ def needs_train_ids(cfg: DictConfig) -> bool:
     return any("train_ids" in runtime_args(str(part._target_)) for part in parts)
 
 
-def build_model(
-    cfg: DictConfig, device: torch.device | str | None = None
-) -> tuple[L.LightningDataModule, LanguageModel]:
+def build_model(cfg: DictConfig, device: torch.device | str | None = None) -> tuple[LMDataModule, LanguageModel]:
     """The data module (set up) and the LanguageModel (encoder + output strategy) that ``cfg`` describes; ``device``:
     where the model will run, where the caller knows it (``step_forms``)."""
     datamodule = instantiate(cfg.data)

@@ -19,6 +19,7 @@ from lmtrain.process.library_logs import quiet_libraries
 from lmtrain.process.prepare import prepare_process
 from lmtrain.process.signals import TrainingStopped
 from lmtrain.run.build import build_model
+from lmtrain.run.lightning_data import LightningData
 from lmtrain.run.loggers import build_loggers
 from lmtrain.run.loggers.wandb_run import finish_wandb, resumed_from, sync_line
 from lmtrain.run.trainer import build_callbacks, build_trainer, check_against_data, default_val_check_interval
@@ -68,8 +69,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
     # DDP re-seeds every process when it starts (Lightning's reset_seed): a single process starts from the seeded
     # state too, so that both begin training from the same RNG state and draw the same negatives for a global batch
     set_rng_states(seeded)
+    lightning_data = LightningData(datamodule)
     try:
-        trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt) if ckpt else None, weights_only=True)
+        trainer.fit(module, datamodule=lightning_data, ckpt_path=str(ckpt) if ckpt else None, weights_only=True)
     except TrainingStopped as stop:  # last.ckpt written, Lightning closed the loggers: end the W&B run, exit
         offline_wandb = finish_wandb(exit_code=stop.status)
         if offline_wandb is not None and trainer.is_global_zero:
@@ -83,7 +85,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         metrics["val/ppl_best"] = float(best_checkpoint.best_model_score)
     if cfg.test_after_fit:
         best_path = best_checkpoint.best_model_path or None
-        tested = trainer.test(module, datamodule=datamodule, ckpt_path=best_path, verbose=False, weights_only=True)
+        tested = trainer.test(module, datamodule=lightning_data, ckpt_path=best_path, verbose=False, weights_only=True)
         metrics.update({k: float(v) for k, v in (tested[0] if tested else {}).items() if k not in ("epoch", "step")})
         cache = OmegaConf.select(cfg, "eval.cache", default=None)
         if cache is not None and cache.test and trainer.is_global_zero:

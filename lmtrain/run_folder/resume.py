@@ -112,9 +112,10 @@ def resume_fit(checkpoint: dict[str, Any], trainer: L.Trainer) -> Resumed | None
     epoch = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {}).get("current", {})
     finished = epoch.get("completed", 0) >= epoch.get("ready", 0)
     done = saved["batches_done"]
-    trainer.datamodule.set_train_epoch(int(checkpoint.get("epoch", 0)))  # its windows (variable_bptt: by epoch)
-    if not finished and 0 < done < epoch_batches(trainer.datamodule.num_train_windows, trainer.limit_train_batches):
-        trainer.datamodule.train_sampler.set_start(done)
+    data = trainer.datamodule.data  # lmtrain.run.lightning_data.LightningData's data module
+    data.set_train_epoch(int(checkpoint.get("epoch", 0)))  # its windows (variable_bptt: by epoch)
+    if not finished and 0 < done < epoch_batches(data.num_train_windows, trainer.limit_train_batches):
+        data.train_sampler.set_start(done)
         resumed.mid_epoch, resumed.batches_done = True, done
         resumed.state = rank_block(saved["state"], trainer)  # this rank's rows of the global batch
     return resumed
