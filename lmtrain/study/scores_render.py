@@ -147,7 +147,7 @@ def render_scores_table(spec: ScoreSpec, records: list[dict[str, Any]]) -> str:
 def _speed(s: CellStats) -> str:
     if s.n == 0:
         return "—"
-    return f"{s.mean:.3g} ± {s.sd:.2g}" if s.n >= 2 else f"{s.mean:.3g}"
+    return f"{s.mean:.2f} ± {s.sd:.2f}" if s.n >= 2 else f"{s.mean:.2f}"  # 5.00, not 5
 
 
 def render_scores_plot(spec: ScoreSpec, records: list[dict[str, Any]], path: Path) -> Path:
