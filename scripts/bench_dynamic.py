@@ -56,9 +56,9 @@ def options_of(mode: str, args: argparse.Namespace) -> DynamicOptions:
 
 def timed_pass(trained: TrainedModel, options: DynamicOptions, rms: list, stream: torch.Tensor) -> tuple[float, float]:
     """Seconds and perplexity of one dynamic pass over ``stream`` from the trained weights (restored after it)."""
-    torch.manual_seed(0)  # a sampled objective's negatives: the same draws in every round
     start = time.perf_counter()
-    evaluation = DynamicEvaluation(trained.module, options, rms)  # the pinned proposal's tree build is paid here
+    # the pinned proposal's tree build is paid here; it seeds the sampled objective's draws (the same every round)
+    evaluation = DynamicEvaluation(trained.module, options, rms)
     try:
         with torch.no_grad():
             log_p, _, _ = read_stream(evaluation, stream, 1, (), trained.device, options.segment)

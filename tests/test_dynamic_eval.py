@@ -1,6 +1,7 @@
 """Dynamic evaluation (lmtrain/tools/dynamic_eval.py): its steps against a hand computation, SGD mode against
 torch's SGD, exact causal scoring, the gradient statistics, every strategy through python -m lmtrain.score, the
-trained weights untouched on disk and restored in memory, and the lr searched on the validation split."""
+trained weights untouched on disk and restored in memory, the lr searched on the validation split (and a search or
+statistics reused only for the same inputs), and the seeded draws of the training objective."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import copy
 import hashlib
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -22,12 +24,20 @@ from lmtrain.tools import dynamic_eval, score_extras
 from lmtrain.tools.dynamic_eval import DynamicEvaluation, DynamicOptions, Method, adapted, gradient_rms, rms_step
 from lmtrain.tools.score import main as score_main
 from lmtrain.tools.score import score
-from lmtrain.tools.score_extras import describe, extra_log_probs, extras_from
+from lmtrain.tools.score_extras import Computed, describe, extra_log_probs, extras_from
 from lmtrain.tools.trained import load_trained
 from lmtrain.training.step import carry
 
 STRATEGIES = ["full", "unigram", "rff", "nce", "hsm", "adaptive", "bigram"]
 CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def fresh_process():
+    """Each test starts as a fresh process would: no lr search or gradient statistics kept from another."""
+    Computed.forget()
+    yield
+    Computed.forget()
 
 
 def segments(stream, size):
@@ -335,16 +345,84 @@ def test_a_left_out_lr_is_the_grid_lr_with_the_lowest_validation_prefix_perplexi
     given = ["dynamic.lr=0.001", *keys]
     again, _ = extra_log_probs(trained, extras_from(args, {"data.": [], "cache.": [], "dynamic.": given}), stream)
     torch.testing.assert_close(log_p, again)
-    # with the cache searched too: the lr first (dynamic alone), then the cache's search adapting at the chosen lr
+    # with the cache searched too: the lr first (dynamic alone: this process's search and statistics, taken over),
+    # then the cache's search adapting at the chosen lr
     del reads[:]
     both = extras_from({**args, "cache": "true"}, {"data.": [], "cache.": ["cache.window=20"], "dynamic.": keys})
-    extra_log_probs(trained, both, stream)
-    assert [len(r[3]) for r in reads] == [0, 0, 0, len(THETAS), 1] and reads[3][0].options.lr == 1e-3
+    _, report = extra_log_probs(trained, both, stream)
+    assert [len(r[3]) for r in reads] == [len(THETAS), 1] and reads[0][0].options.lr == 1e-3
+    assert len(statistics) == 1 and report["dynamic"]["reused"] == ["statistics", "lr search"]
+    assert report["dynamic"]["lr_tried"] == found["lr_tried"]
+    assert "dynamic: statistics and lr search as this process computed them before" in describe(
+        {**report, "seconds": 1.0, "seconds_per_1k_tokens": 1.0, "cpu_seconds_per_1k_tokens": 1.0}
+    )
+
+
+def test_a_search_is_reused_only_for_the_same_inputs_and_gives_what_searching_again_gives(trained_run, monkeypatch):
+    """A second search of the same checkpoint, options and data reads no text and gives the first one's numbers,
+    which a fresh process's search gives too; another decay, search prefix or checkpoint file searches again."""
+    run, _ = trained_run("unigram")
+    trained = load_trained(str(run), [], "cpu")
+    monkeypatch.setitem(dynamic_eval.LRS, Method.rms, (1e-3, 1e-2))
+    reads = counted(monkeypatch, score_extras, "read_stream")
+    args = {"cache": "false", "dynamic": "true", "ckpt_path": str(run)}
+    keys = ["dynamic.stat_batch=4", "dynamic.stat_batches=2", "dynamic.search_tokens=120", "dynamic.objective=train"]
+    stream = torch.randint(0, 100, (30,), generator=torch.Generator().manual_seed(3))
+
+    def search(*more):
+        del reads[:]
+        extras = extras_from(args, {"data.": [], "cache.": [], "dynamic.": [*keys, *more]})
+        return extra_log_probs(trained, extras, stream)[1]["dynamic"], len(reads) - 1  # the searching passes
+
+    first, passes = search()
+    assert passes == 2 and first["reused"] == []
+    again, passes = search()
+    assert passes == 0 and again["reused"] == ["statistics", "lr search"] and again["lr_tried"] == first["lr_tried"]
+    Computed.forget()  # as a fresh process: the seeded draws give the same numbers
+    fresh, passes = search()
+    assert passes == 2 and fresh["lr_tried"] == first["lr_tried"]
+    assert search("dynamic.decay=0")[1] == 2 and search("dynamic.search_tokens=110")[1] == 2
+    checkpoint = trained.checkpoint.resolve()
+    stamp = checkpoint.stat().st_mtime_ns
+    os.utime(checkpoint, ns=(stamp + 10**9, stamp + 10**9))  # the file saved again
+    assert search()[1] == 2
+
+
+@pytest.mark.parametrize("method", ["rms", "sgd"])
+def test_the_training_objectives_draws_are_seeded(trained_run, method):
+    """objective=train draws negatives: the same dynamic.seed gives the same scores in a later call of the process
+    (each pass starts from the seed, whatever drew before), another seed other ones; a scorer restored reads a text
+    again exactly as the first time."""
+    run, _ = trained_run("unigram")
+    trained = load_trained(str(run), [], "cpu")
+    args = {"cache": "false", "dynamic": "true", "ckpt_path": str(run)}
+    keys = ["dynamic.stat_batch=4", "dynamic.stat_batches=2", "dynamic.objective=train", f"dynamic.method={method}"]
+    keys.append("dynamic.lr=0.01" if method == "rms" else "dynamic.lr=0.5")
+    stream = torch.randint(0, 100, (40,), generator=torch.Generator().manual_seed(4))
+
+    def scored(*more):
+        Computed.forget()  # the statistics computed again: their draws are seeded too
+        extras = extras_from(args, {"data.": [], "cache.": [], "dynamic.": [*keys, *more]})
+        return extra_log_probs(trained, extras, stream)[0]
+
+    first = scored()
+    torch.rand(5)  # the global generator moved on
+    torch.testing.assert_close(scored(), first, rtol=0, atol=0)
+    assert not torch.equal(scored("dynamic.seed=1"), first)
+    evaluation = DynamicEvaluation(trained.module, DynamicOptions(method="sgd", objective="train", lr=0.5))
+    passes = []
+    for _ in range(2):
+        with torch.no_grad():
+            passes.append(read_stream(evaluation, stream, 1, (), CPU, 5)[0])
+        evaluation.restore()
+    torch.testing.assert_close(passes[0], first if method == "sgd" else passes[0], rtol=0, atol=0)
+    torch.testing.assert_close(passes[1], passes[0], rtol=0, atol=0)
 
 
 def test_a_given_lr_is_used_with_no_search(trained_run, tmp_path, monkeypatch, capsys):
     """dynamic.lr given: the statistics once, one pass (the file's), the report says lr not searched; with the cache
-    searched too, the lr is still not searched (cache search + file: two passes). DynamicEvaluation refuses no lr."""
+    searched too, the lr is still not searched (cache search + file: two passes, the statistics taken over).
+    DynamicEvaluation refuses no lr."""
     run, _ = trained_run("full")
     (tmp_path / "text.txt").write_text(" ".join(f"w{i % 7}" for i in range(30)) + "\n")
     statistics = counted(monkeypatch, score_extras, "gradient_rms")
@@ -358,7 +436,7 @@ def test_a_given_lr_is_used_with_no_search(trained_run, tmp_path, monkeypatch, c
     assert (written["lr"], written["searched"], written["lr_tried"]) == (0.002, [], [])
     assert (len(statistics), len(reads)) == (1, 1)
     score([*args, "cache=true", "cache.window=20", f"out={tmp_path / 'both.csv'}"])
-    assert (len(statistics), len(reads)) == (2, 3)
+    assert (len(statistics), len(reads)) == (1, 3)  # the statistics this process computed: taken over
     with pytest.raises(ValueError, match="concrete lr"):
         DynamicEvaluation(trained_model(trained_run), DynamicOptions(method="sgd"))
 

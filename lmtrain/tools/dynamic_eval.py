@@ -19,7 +19,9 @@ so its draws and log q stay exact for that fixed proposal and a step costs no re
 ``proposal=current`` refreshes it after every step, as training does (a kernel tree rebuilt over every class each
 segment, since every row moves). Proposals computed from the current weights (softmax, quartic) follow them in
 both. Every token is scored before any step that has read it. The weights change only in memory: ``restore`` puts
-θ_0 back (and the buffers a proposal learns); nothing is written to the checkpoint. An lr left out (null) is
+θ_0 back (and the buffers a proposal learns); nothing is written to the checkpoint. Every pass (and the statistics)
+starts by seeding torch's generators with ``seed``: the training loss's draws are then the same in every call and
+any process, so a score repeats exactly and a search's result can be reused. An lr left out (null) is
 searched: the one of ``lr_grid`` with the lowest perplexity of the first ``search_tokens`` tokens of the run's
 validation split (``lmtrain.tools.score_extras``).
 """
@@ -78,6 +80,7 @@ class DynamicOptions(Checked):
     stat_batch: int = field(default=100, metadata=AT_LEAST_1)  # rows of a training batch of the statistics
     stat_batches: int | None = field(default=200, metadata=AT_LEAST_1)  # training batches read; None: all
     search_tokens: int = field(default=10000, metadata={"at_least": 100})  # validation tokens scored per lr tried
+    seed: int = 0  # torch's generators at the start of each pass: objective=train's draws repeat
 
 
 # The lrs searched, per method. An rms step divides g by its training RMS, so lr is near the step per weight; an sgd
@@ -135,6 +138,7 @@ def gradient_rms(
     """RMS over training batches of each adapted parameter's gradient (one tensor per parameter) and the number of
     batches read: ``stat_batches`` windows (None: all) of ``stat_batch`` rows x ``segment`` tokens, in order."""
     windows = WindowDataset(batchify(train_ids, options.stat_batch, "train"), options.segment)
+    torch.manual_seed(options.seed)  # objective=train draws samples
     count = statistics_batches(train_ids.numel(), options)
     squares, state = [torch.zeros_like(p) for p in adapted(module)], None
     for index in range(count):
@@ -226,6 +230,10 @@ class DynamicEvaluation:
         persistent = module.state_dict(keep_vars=True)
         self.start_buffers = {n: b.detach().clone() for n, b in module.named_buffers() if n in persistent}
         self.refreshes = options.objective == Objective.train and options.proposal == ProposalState.current
+        self.owned: list[int] = []  # the parameters whose gradients a refresh reads (which rows changed)
+        if self.refreshes:  # the output's own, no other's
+            mine = {id(p) for p in module.output.parameters()}
+            self.owned = [i for i, p in enumerate(self.params) if id(p) in mine]
         if options.objective == Objective.train and not self.refreshes:
             module.output.pin_proposal()  # a tree over a copy of θ_0, kept for the pass
         # the rms step's three factors (rms_step), fixed for the pass: keep = 1 - pull, anchor = pull θ_0 and
@@ -249,6 +257,7 @@ class DynamicEvaluation:
         if self.keeps and isinstance(embedding, nn.Embedding) and embedding.sparse:
             index = next(i for i, p in enumerate(self.params) if p is embedding.weight)
             self.lazy = LazyDecay(self.params[index], self.keeps[index], self.start[index])
+        torch.manual_seed(options.seed)  # a pass's draws (objective=train) start here, and again after restore
 
     def __call__(self, batch: Batch, state: Any) -> tuple[Tensor, Tensor, Any]:
         """Score one segment with the current weights, then take the step on it."""
@@ -270,18 +279,16 @@ class DynamicEvaluation:
         else:
             sgd_step(self.params, grads, opts.lr)
         if self.refreshes:  # the training loss reads derived state: refresh it (all rows changed)
-            # the output's hook reads its own parameters' gradients (which rows changed), and no other's
-            mine = {id(p) for p in self.module.output.parameters()}
-            owned = [(p, g) for p, g in zip(self.params, grads, strict=True) if id(p) in mine]
-            for param, grad in owned:
-                param.grad = grad.to_dense() if grad.is_sparse else grad  # dense: every row moved
+            for i in self.owned:
+                self.params[i].grad = grads[i].to_dense() if grads[i].is_sparse else grads[i]  # every row moved
             self.module.output.after_optimizer_step()
-            for param, _ in owned:
-                param.grad = None
+            for i in self.owned:
+                self.params[i].grad = None
 
     @torch.no_grad()
     def restore(self) -> None:
-        """The trained weights and persistent buffers again (and the output's derived state rebuilt from them)."""
+        """The trained weights and persistent buffers again (and the output's derived state rebuilt from them), and
+        the seed: the next pass starts as this one did."""
         for param, origin in zip(self.params, self.start, strict=True):
             param.copy_(origin)
         if self.lazy is not None:
@@ -290,3 +297,4 @@ class DynamicEvaluation:
             if name in self.start_buffers:
                 buffer.copy_(self.start_buffers[name])
         self.module.output.before_checkpoint()
+        torch.manual_seed(self.options.seed)

@@ -9,12 +9,16 @@ per lr of the grid over the first ``dynamic.search_tokens`` validation tokens, t
 With both, the model adapts as it reads and the cache reads the adapted model's hidden states; the steps follow
 the model's own loss (not the mixture's), so one pass over the validation split still tries every (θ, λ).
 Each pass shows its progress; the settings print with the result and go into RUN/score/STEM.json beside the CSV.
+A process keeps the lr searches and the gradient statistics it computed (``Computed``): a second score of the same
+checkpoint, dynamic options and data in one process (a scoring study's ``dynamic`` then ``both`` modes) takes them
+over, which gives what computing them again gives, since every pass starts from the same seed (``dynamic.seed``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import math
 import sys
@@ -152,27 +156,86 @@ def read(
             scorer.restore()  # the trained weights again, in memory; the checkpoint was only read
 
 
+@dataclass(frozen=True)
+class Inputs:
+    """What a dynamic lr search and the gradient statistics depend on: the checkpoint file as saved, the dynamic
+    options but the lr, the grid, the training split and validation prefix read, the device."""
+
+    checkpoint: tuple[str, int, int]  # resolved path, size, modification time (ns)
+    options: str  # the options with lr left out, as JSON
+    grid: tuple[float, ...]
+    data: str  # digest of the training ids and the validation prefix
+    device: str
+
+    @classmethod
+    def of(cls, trained: TrainedModel, options: DynamicOptions, data: Any) -> Inputs:
+        """The inputs of ``trained`` dynamically evaluated with ``options`` over ``data``'s splits."""
+        saved = trained.checkpoint.resolve()
+        stat = saved.stat()
+        digest = hashlib.sha256()
+        for ids in (data.train_ids, data.valid_ids[: options.search_tokens + 1]):
+            digest.update(ids.cpu().numpy().tobytes())
+        settings = json.dumps(json_ready(dataclasses.replace(options, lr=None)), sort_keys=True)
+        saved_as = (str(saved), stat.st_size, stat.st_mtime_ns)
+        return cls(saved_as, settings, lr_grid(options.method), digest.hexdigest(), str(trained.device))
+
+
+class Computed:
+    """This process's lr searches (each one's report, a few numbers) and its last gradient statistics (a model's
+    worth of tensors), by their ``Inputs``."""
+
+    searches: dict[Inputs, dict[str, Any]] = {}
+    statistics: dict[Inputs, tuple[list[Tensor], int]] = {}
+
+    @classmethod
+    def forget(cls) -> None:
+        """Drop everything kept (a test's fresh process)."""
+        cls.searches.clear()
+        cls.statistics.clear()
+
+
+def statistics(trained: TrainedModel, options: DynamicOptions, data: Any, inputs: Inputs) -> tuple[list[Tensor], int]:
+    """``gradient_rms`` of the trained model over ``data``'s training split, or this process's for the same inputs."""
+    if inputs not in Computed.statistics:
+        progress = Progress("gradient statistics", statistics_batches(data.train_ids.numel(), options), "batches")
+        found = gradient_rms(trained.module, data.train_ids, options, trained.device, progress)
+        Computed.statistics.clear()  # one model's statistics kept at a time
+        Computed.statistics[inputs] = found
+    return Computed.statistics[inputs]
+
+
+def search_lr(trained: TrainedModel, options: DynamicOptions, rms: list[Tensor] | None, data: Any) -> dict[str, Any]:
+    """One dynamic pass per lr of ``lr_grid`` over the validation split's first ``search_tokens`` tokens: each
+    one's perplexity (null: diverged) and the lowest one's lr."""
+    prefix = data.valid_ids[: options.search_tokens + 1]  # (search_tokens + 1,): search_tokens predicted
+    tried = []
+    for lr in lr_grid(options.method):
+        scorer = DynamicEvaluation(trained.module, dataclasses.replace(options, lr=lr), rms)
+        what = f"dynamic lr search on the validation split, lr={lr:g}"
+        value = ppl(read(scorer, prefix, 1, (), trained.device, options.segment, what)[0])
+        # a diverged pass (inf or NaN) is recorded as null (strict JSON) and ranks last
+        tried.append({"lr": lr, "ppl": value if math.isfinite(value) else None})
+    best = min(tried, key=lambda one: math.inf if one["ppl"] is None else one["ppl"])
+    return {"lr": best["lr"], "searched": ["lr"], "search_tokens_read": prefix.numel() - 1, "lr_tried": tried}
+
+
 def adapting(trained: TrainedModel, options: DynamicOptions, data: Any) -> tuple[DynamicEvaluation, dict]:
     """Dynamic evaluation of the trained model (with the gradient statistics of ``method=rms``, computed once) at
     the given lr, else at the lr of ``lr_grid`` with the lowest perplexity of the validation split's first
-    ``search_tokens`` tokens; and its report."""
+    ``search_tokens`` tokens; and its report (``reused``: what this process had computed for the same inputs)."""
+    inputs, reused = Inputs.of(trained, options, data), []
     rms, batches = None, 0
     if options.method == Method.rms:
-        progress = Progress("gradient statistics", statistics_batches(data.train_ids.numel(), options), "batches")
-        rms, batches = gradient_rms(trained.module, data.train_ids, options, trained.device, progress)
-    chosen, search = options, {"searched": [], "search_tokens_read": 0, "lr_tried": []}
+        reused += ["statistics"] if inputs in Computed.statistics else []
+        rms, batches = statistics(trained, options, data, inputs)
+    search: dict[str, Any] = {"searched": [], "search_tokens_read": 0, "lr_tried": []}
     if options.lr is None:
-        prefix = data.valid_ids[: options.search_tokens + 1]  # (search_tokens + 1,): search_tokens predicted
-        for lr in lr_grid(options.method):
-            scorer = DynamicEvaluation(trained.module, dataclasses.replace(options, lr=lr), rms)
-            what = f"dynamic lr search on the validation split, lr={lr:g}"
-            value = ppl(read(scorer, prefix, 1, (), trained.device, options.segment, what)[0])
-            # a diverged pass (inf or NaN) is recorded as null (strict JSON) and ranks last
-            search["lr_tried"].append({"lr": lr, "ppl": value if math.isfinite(value) else None})
-        best = min(search["lr_tried"], key=lambda tried: math.inf if tried["ppl"] is None else tried["ppl"])
-        chosen = dataclasses.replace(options, lr=best["lr"])
-        search.update(searched=["lr"], search_tokens_read=prefix.numel() - 1)
-    report = {**json_ready(chosen), "statistics_batches": batches, **search}
+        reused += ["lr search"] if inputs in Computed.searches else []
+        if inputs not in Computed.searches:
+            Computed.searches[inputs] = search_lr(trained, options, rms, data)
+        search = dict(Computed.searches[inputs])
+    chosen = dataclasses.replace(options, lr=search.pop("lr", options.lr))
+    report = {**json_ready(chosen), "statistics_batches": batches, **search, "reused": reused}
     return DynamicEvaluation(trained.module, chosen, rms), report
 
 
@@ -237,6 +300,8 @@ def describe(report: dict[str, Any]) -> str:
         if searched:
             tried = ", ".join(f"{diverged_or(t['ppl'])} at lr {t['lr']:g}" for t in dynamic["lr_tried"])
             lines.append(f"dynamic lr search: {dynamic['search_tokens_read']:,} validation tokens, ppl {tried}")
+        if dynamic.get("reused"):
+            lines.append(f"dynamic: {' and '.join(dynamic['reused'])} as this process computed them before")
     per = f"{report['seconds_per_1k_tokens']:.3f} s per 1,000 tokens ({report['cpu_seconds_per_1k_tokens']:.3f} s CPU)"
     lines.append(f"scoring: {report['seconds']:.1f} s, {per}")
     return "\n".join(lines)
