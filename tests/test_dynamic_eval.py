@@ -11,6 +11,7 @@ import json
 import math
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -24,7 +25,7 @@ from lmtrain.tools import dynamic_eval, score_extras
 from lmtrain.tools.dynamic_eval import DynamicEvaluation, DynamicOptions, Method, adapted, gradient_rms, rms_step
 from lmtrain.tools.score import main as score_main
 from lmtrain.tools.score import score
-from lmtrain.tools.score_extras import Computed, describe, extra_log_probs, extras_from
+from lmtrain.tools.score_extras import Computed, describe, extra_log_probs, extras_from, json_ready
 from lmtrain.tools.trained import load_trained
 from lmtrain.training.step import carry
 
@@ -302,11 +303,12 @@ def counted(monkeypatch, module, name):
 
 def test_a_left_out_lr_is_the_grid_lr_with_the_lowest_validation_prefix_perplexity(trained_run, monkeypatch):
     """lr left out: one dynamic pass per grid lr over the validation split's first search_tokens tokens (here the
-    middle of three lrs wins, both ends diverge), each pass's perplexity the one a DynamicEvaluation at that lr gives
-    on that prefix, the gradient statistics computed once; the file is scored as with the winning lr given."""
+    middle of three lrs wins: the first reads as diverged, the last is far worse, so no lr past an end is tried),
+    each pass's perplexity the one a DynamicEvaluation at that lr gives on that prefix, the gradient statistics
+    computed once; the file is scored as with the winning lr given."""
     run, _ = trained_run("full")
     trained = load_trained(str(run), [], "cpu")
-    monkeypatch.setitem(dynamic_eval.LRS, Method.rms, (50.0, 1e-3, 1e3))
+    monkeypatch.setitem(dynamic_eval.LRS, Method.rms, (1e-7, 1e-3, 1e3))
     measured = []
 
     def nan_first(log_p, real=score_extras.ppl):  # the first lr's (diverged: inf) read as nan, as weights gone nan give
@@ -322,7 +324,7 @@ def test_a_left_out_lr_is_the_grid_lr_with_the_lowest_validation_prefix_perplexi
     log_p, report = extra_log_probs(trained, extras_from(args, {"data.": [], "cache.": [], "dynamic.": keys}), stream)
     found = report["dynamic"]
     assert (found["lr"], found["searched"], found["search_tokens_read"]) == (1e-3, ["lr"], 150)
-    assert [t["lr"] for t in found["lr_tried"]] == [50.0, 1e-3, 1e3] and len(statistics) == 1
+    assert [t["lr"] for t in found["lr_tried"]] == [1e-7, 1e-3, 1e3] and len(statistics) == 1
     datamodule = instantiate(OmegaConf.load(run / "config.yaml").data)
     datamodule.setup()
     assert len(reads) == 4 and all(torch.equal(r[1], datamodule.valid_ids[:151]) for r in reads[:3])  # then the file
@@ -340,7 +342,7 @@ def test_a_left_out_lr_is_the_grid_lr_with_the_lowest_validation_prefix_perplexi
     text = describe({**report, "seconds": 1.0, "seconds_per_1k_tokens": 1.0, "cpu_seconds_per_1k_tokens": 1.0})
     assert (
         "lr 0.001 (searched)" in text
-        and f"dynamic lr search: 150 validation tokens, ppl diverged at lr 50, {ppls[1]:.6g}" in text
+        and f"dynamic lr search: 150 validation tokens, ppl diverged at lr 1e-07, {ppls[1]:.6g}" in text
     )
     given = ["dynamic.lr=0.001", *keys]
     again, _ = extra_log_probs(trained, extras_from(args, {"data.": [], "cache.": [], "dynamic.": given}), stream)
@@ -356,6 +358,43 @@ def test_a_left_out_lr_is_the_grid_lr_with_the_lowest_validation_prefix_perplexi
     assert "dynamic: statistics and lr search as this process computed them before" in describe(
         {**report, "seconds": 1.0, "seconds_per_1k_tokens": 1.0, "cpu_seconds_per_1k_tokens": 1.0}
     )
+
+
+@pytest.mark.parametrize(
+    ("best", "expected", "at_end"),
+    [
+        (2.5, [1.0, 2.0, 4.0], False),  # inside the grid: nothing more
+        (8.0, [1.0, 2.0, 4.0, 8.0, 16.0], False),  # past the top: doubled until worse
+        (0.3, [1.0, 2.0, 4.0, 0.5, 0.25, 0.125], False),  # past the bottom: halved until worse
+        (1e6, [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0], True),  # BEYOND doublings, still the best: said so
+    ],
+)
+def test_a_best_lr_at_an_end_of_the_grid_is_searched_past(monkeypatch, best, expected, at_end):
+    """The lr search goes on past a grid end that is the best (doubling or halving, up to BEYOND times) and stops
+    at the first worse lr; a pass that diverges there stops it too. Perplexity here: a bowl in log lr."""
+    monkeypatch.setitem(dynamic_eval.LRS, Method.rms, (1.0, 2.0, 4.0))
+    monkeypatch.setattr(score_extras, "BEYOND", 4)
+    monkeypatch.setattr(score_extras, "DynamicEvaluation", lambda module, options, rms: options)
+
+    def read(options, ids, window, thetas, device, segment, what):  # the pass's log p: ppl = e^(1 + log(lr/best)^2)
+        return (torch.full((4,), -(1 + math.log(options.lr / best) ** 2)),)
+
+    monkeypatch.setattr(score_extras, "read", read)
+    data, trained = SimpleNamespace(valid_ids=torch.arange(300)), SimpleNamespace(module=None, device=CPU)
+    found = score_extras.search_lr(trained, DynamicOptions(search_tokens=200), None, data)
+    assert [t["lr"] for t in found["lr_tried"]] == expected and found["at_end"] == at_end
+    assert found["lr"] == min(found["lr_tried"], key=lambda t: t["ppl"])["lr"] and found["search_tokens_read"] == 200
+    text = describe({"dynamic": {**json_ready(DynamicOptions()), **found, "statistics_batches": 1}, "seconds": 1.0,
+                     "seconds_per_1k_tokens": 1.0, "cpu_seconds_per_1k_tokens": 1.0})  # fmt: skip
+    assert ("the best lr is still the end" in text) == at_end
+
+    def diverging(options, *rest):  # better and better up to 8, then gone
+        return (torch.full((4,), -math.inf if options.lr > 8 else math.log(options.lr)),)
+
+    monkeypatch.setattr(score_extras, "read", diverging)
+    found = score_extras.search_lr(trained, DynamicOptions(search_tokens=200), None, data)
+    assert [t["lr"] for t in found["lr_tried"]][-2:] == [8.0, 16.0] and found["lr_tried"][-1]["ppl"] is None
+    assert found["lr"] == 8.0 and not found["at_end"]
 
 
 def test_a_search_is_reused_only_for_the_same_inputs_and_gives_what_searching_again_gives(trained_run, monkeypatch):
@@ -374,18 +413,18 @@ def test_a_search_is_reused_only_for_the_same_inputs_and_gives_what_searching_ag
         extras = extras_from(args, {"data.": [], "cache.": [], "dynamic.": [*keys, *more]})
         return extra_log_probs(trained, extras, stream)[1]["dynamic"], len(reads) - 1  # the searching passes
 
-    first, passes = search()
-    assert passes == 2 and first["reused"] == []
+    first, searching = search()
+    assert searching == len(first["lr_tried"]) >= 2 and first["reused"] == []
     again, passes = search()
     assert passes == 0 and again["reused"] == ["statistics", "lr search"] and again["lr_tried"] == first["lr_tried"]
     Computed.forget()  # as a fresh process: the seeded draws give the same numbers
     fresh, passes = search()
-    assert passes == 2 and fresh["lr_tried"] == first["lr_tried"]
-    assert search("dynamic.decay=0")[1] == 2 and search("dynamic.search_tokens=110")[1] == 2
+    assert passes == searching and fresh["lr_tried"] == first["lr_tried"]
+    assert search("dynamic.decay=0")[1] >= 2 and search("dynamic.search_tokens=110")[1] >= 2
     checkpoint = trained.checkpoint.resolve()
     stamp = checkpoint.stat().st_mtime_ns
     os.utime(checkpoint, ns=(stamp + 10**9, stamp + 10**9))  # the file saved again
-    assert search()[1] == 2
+    assert search()[1] == searching
 
 
 @pytest.mark.parametrize("method", ["rms", "sgd"])

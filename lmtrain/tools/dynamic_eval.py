@@ -23,7 +23,7 @@ both. Every token is scored before any step that has read it. The weights change
 starts by seeding torch's generators with ``seed``: the training loss's draws are then the same in every call and
 any process, so a score repeats exactly and a search's result can be reused. An lr left out (null) is
 searched: the one of ``lr_grid`` with the lowest perplexity of the first ``search_tokens`` tokens of the run's
-validation split (``lmtrain.tools.score_extras``).
+validation split (``lmtrain.tools.score_extras``), going on past a grid end that is the best (``BEYOND``).
 """
 
 from __future__ import annotations
@@ -84,12 +84,14 @@ class DynamicOptions(Checked):
 
 
 # The lrs searched, per method. An rms step divides g by its training RMS, so lr is near the step per weight; an sgd
-# step is lr g raw, so the same step size needs an lr thousands of times larger. Each score report lists every
-# candidate's perplexity, so a best lr at a grid's end shows there.
+# step is lr g raw, so the same step size needs an lr thousands of times larger. A grid's end that is the best is not
+# taken as the optimum: the search goes on past it, doubling (or halving) the lr, until one is worse or BEYOND more
+# have been tried. Each score report lists every candidate's perplexity.
 LRS: dict[Method, tuple[float, ...]] = {
     Method.rms: (5e-6, 1e-5, 2e-5, 5e-5, 1e-4),
     Method.sgd: (0.05, 0.1, 0.2, 0.5, 1.0),
 }
+BEYOND = 4
 
 
 def lr_grid(method: Method | str) -> tuple[float, ...]:

@@ -37,6 +37,7 @@ from torch import Tensor
 from lmtrain.data.errors import DataError
 from lmtrain.output.cache import SEGMENT, CacheOptions, Setting, choose, grid, mix, mixes, ppl, read_stream
 from lmtrain.tools.dynamic_eval import (
+    BEYOND,
     DynamicEvaluation,
     DynamicOptions,
     Method,
@@ -208,18 +209,33 @@ def statistics(trained: TrainedModel, options: DynamicOptions, data: Any, inputs
 
 
 def search_lr(trained: TrainedModel, options: DynamicOptions, rms: list[Tensor] | None, data: Any) -> dict[str, Any]:
-    """One dynamic pass per lr of ``lr_grid`` over the validation split's first ``search_tokens`` tokens: each
-    one's perplexity (null: diverged) and the lowest one's lr."""
+    """One dynamic pass per lr over the validation split's first ``search_tokens`` tokens: the lrs of ``lr_grid``,
+    then past an end of the lrs tried while it is the best, doubling (halving) it, at most ``BEYOND`` times each
+    way; each lr's perplexity (null: diverged), the lowest one's lr and whether it is still an end (``at_end``)."""
     prefix = data.valid_ids[: options.search_tokens + 1]  # (search_tokens + 1,): search_tokens predicted
-    tried = []
-    for lr in lr_grid(options.method):
+    tried: list[dict[str, Any]] = []
+
+    def rank(one: dict[str, Any]) -> float:  # a diverged pass (inf or NaN: null, strict JSON) ranks last
+        return math.inf if one["ppl"] is None else one["ppl"]
+
+    def attempt(lr: float) -> None:
         scorer = DynamicEvaluation(trained.module, dataclasses.replace(options, lr=lr), rms)
         what = f"dynamic lr search on the validation split, lr={lr:g}"
         value = ppl(read(scorer, prefix, 1, (), trained.device, options.segment, what)[0])
-        # a diverged pass (inf or NaN) is recorded as null (strict JSON) and ranks last
         tried.append({"lr": lr, "ppl": value if math.isfinite(value) else None})
-    best = min(tried, key=lambda one: math.inf if one["ppl"] is None else one["ppl"])
-    return {"lr": best["lr"], "searched": ["lr"], "search_tokens_read": prefix.numel() - 1, "lr_tried": tried}
+
+    for lr in lr_grid(options.method):
+        attempt(lr)
+    for pick, factor in ((max, 2.0), (min, 0.5)):  # past the largest lr, then past the smallest
+        for _ in range(BEYOND):
+            end = pick(tried, key=lambda one: one["lr"])
+            if min(tried, key=rank) is not end or end["ppl"] is None:
+                break
+            attempt(end["lr"] * factor)
+    best = min(tried, key=rank)
+    at_end = best["ppl"] is not None and best["lr"] in (min(t["lr"] for t in tried), max(t["lr"] for t in tried))
+    found = {"searched": ["lr"], "search_tokens_read": prefix.numel() - 1, "lr_tried": tried, "at_end": at_end}
+    return {"lr": best["lr"], **found}
 
 
 def adapting(trained: TrainedModel, options: DynamicOptions, data: Any) -> tuple[DynamicEvaluation, dict]:
@@ -303,6 +319,8 @@ def describe(report: dict[str, Any]) -> str:
         if searched:
             tried = ", ".join(f"{diverged_or(t['ppl'])} at lr {t['lr']:g}" for t in dynamic["lr_tried"])
             lines.append(f"dynamic lr search: {dynamic['search_tokens_read']:,} validation tokens, ppl {tried}")
+            if dynamic.get("at_end"):
+                lines.append(f"dynamic: the best lr is still the end of the {len(dynamic['lr_tried'])} tried")
         if dynamic.get("reused"):
             lines.append(f"dynamic: {' and '.join(dynamic['reused'])} as this process computed them before")
     per = f"{report['seconds_per_1k_tokens']:.3f} s per 1,000 tokens ({report['cpu_seconds_per_1k_tokens']:.3f} s CPU)"
