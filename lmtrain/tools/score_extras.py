@@ -5,7 +5,8 @@ dynamic evaluation (``lmtrain.tools.dynamic_eval``), alone or together, over the
 ``eval.cache`` (a preset's published values), then its options' defaults. The run's data is read when needed: its
 validation split for a θ, λ or ``dynamic.lr`` left out, its training split for the gradient statistics of
 ``dynamic.method=rms`` (computed once, whatever the lrs tried). An lr left out is chosen first: one dynamic pass
-per lr of the grid over the first ``dynamic.search_tokens`` validation tokens, the lowest perplexity wins.
+per lr of the grid over the first ``dynamic.search_tokens`` validation tokens, the lowest perplexity wins (a
+winning grid end is searched past: ``search_lr``).
 With both, the model adapts as it reads and the cache reads the adapted model's hidden states; the steps follow
 the model's own loss (not the mixture's), so one pass over the validation split still tries every (θ, λ).
 Each pass shows its progress; the settings print with the result and go into RUN/score/STEM.json beside the CSV.
@@ -164,7 +165,8 @@ class Inputs:
 
     checkpoint: tuple[str, int, int]  # resolved path, size, modification time (ns)
     options: str  # the options with lr left out, as JSON
-    grid: tuple[float, ...]
+    grid: tuple[float, ...]  # and how far past its ends a search may go (BEYOND)
+    beyond: int
     data: str  # digest of the training ids and the validation prefix
     device: str
 
@@ -181,7 +183,7 @@ class Inputs:
             digest.update(ids[::step].cpu().numpy().tobytes() + ids.numel().to_bytes(8, "little"))
         settings = json.dumps(json_ready(dataclasses.replace(options, lr=None)), sort_keys=True)
         saved_as = (str(saved), stat.st_size, stat.st_mtime_ns)
-        return cls(saved_as, settings, lr_grid(options.method), digest.hexdigest(), str(trained.device))
+        return cls(saved_as, settings, lr_grid(options.method), BEYOND, digest.hexdigest(), str(trained.device))
 
 
 class Computed:
