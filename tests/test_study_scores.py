@@ -145,6 +145,47 @@ def test_parallel_jobs_give_the_records_one_process_gives(source, tmp_path, caps
             assert record["ppl"] == pytest.approx(record["trained_test_ppl"], rel=1e-5)
 
 
+def test_train_missing_retrains_gone_folders_through_a_side_folder_and_checks_them_against_their_records(
+    source, tmp_path, capsys
+):
+    """--train-missing: a run whose folder is gone is trained again with its recorded command (a subprocess, as a
+    study trains) and scored; the retrained model is the recorded one (same val and test perplexity), a run whose
+    record holds no numbers says so, and nothing is left in the side folder. A training study refuses the flag."""
+    import shutil
+
+    path, root, runs = source
+    copied = shutil.copytree(runs, tmp_path / "runs")
+    records = (root / "src" / "records.jsonl").read_text().replace(str(runs), str(copied))  # run_dir: the copies
+    root, runs = shutil.copytree(root, tmp_path / "docs"), copied
+    (root / "src" / "records.jsonl").write_text(records)
+    spec = load_spec(path)
+    gone = training_folder(spec, next(r for r in spec.runs() if r.seed == 1), runs)
+    shutil.rmtree(gone)
+    study = tmp_path / "extras.yaml"
+    declared = {"study": str(path), "cells": "output=*", "modes": {"plain": []}, "overrides": ["device=cpu"]}
+    study.write_text(yaml.safe_dump({"description": "tiny extras", "scores": declared}, sort_keys=False))
+    assert study_main([str(study), "--root", str(root), "--runs", str(runs), "--train-missing"]) == 0
+    out = capsys.readouterr().out
+    assert "2 source runs of src to retrain" in out
+    assert re.search(r"output=full,seed=1: retrained into \S+; reproduces its record: val ppl [\d.]+ \(recorded", out)
+    assert "output=full,seed=3: retrained into" in out and "its record holds no perplexity to compare" in out
+    assert (gone / "checkpoints" / "last.ckpt").is_file() and not gone.with_name(f"{gone.name}.retraining").exists()
+    recorded = {r["key"]: r for r in read_records(root / "src" / "records.jsonl")}
+    plain = {r["seed"]: r for r in read_records(root / "extras" / "records.jsonl")}
+    assert sorted(plain) == [1, 2, 3]  # the retrained runs are scored in the same call
+    assert plain[1]["trained_test_ppl"] == pytest.approx(recorded["output=full,seed=1"]["test"]["ppl"], rel=1e-5)
+    assert study_main([str(path), "--root", str(root), "--train-missing"]) == 2
+    assert "trains its own" in capsys.readouterr().err
+
+
+def test_a_retrained_run_that_differs_from_its_record_is_named_so():
+    from lmtrain.study.retrain import comparison
+
+    assert comparison({"val": 100.0, "test": 90.0}, {"val": 100.001, "test": 90.0}).startswith("reproduces")
+    assert comparison({"val": 100.0, "test": 90.0}, {"val": 100.0, "test": 90.5}).startswith("DIFFERS")
+    assert comparison({"val": 100.0}, {"test": 90.0}) == "its record holds no perplexity to compare"
+
+
 def fake(cell: str, seed: int, mode: str, ppl: float | None) -> dict:
     return {
         "key": f"output={cell},seed={seed},mode={mode}",

@@ -9,7 +9,8 @@
 
 A scoring study (a ``scores`` block in place of the grid, ``lmtrain.study.scores``) runs, renders and dry-runs the
 same way: python -m lmtrain.score over another study's trained runs, one record per (run, mode); ``--runs`` (or
-``--runs-root``) is where those runs' folders are.
+``--runs-root``) is where those runs' folders are, and ``--train-missing`` first trains again the recorded runs whose
+folders are gone (``lmtrain.study.retrain``).
 
 NAME is a study of the package (conf/study/NAME.yaml) or the path of a user's own study YAML file.
 Records go to ROOT/NAME/records.jsonl (``--root``, default docs/study), run folders to runs/study/NAME. A run
@@ -26,6 +27,7 @@ from pathlib import Path
 
 from lmtrain.study.records import read_records
 from lmtrain.study.render import render
+from lmtrain.study.retrain import retrain_missing
 from lmtrain.study.reuse import reusable
 from lmtrain.study.runner import command, pending_runs, records_path, run_overrides, run_study, training_folder
 from lmtrain.study.scores import dry_run, listing, run_scores
@@ -59,6 +61,8 @@ def _scores(spec: ScoreSpec, args: argparse.Namespace) -> int:
         print("\n".join(dry_run(spec, args.root, args.runs, args.cells, args.limit)))
         return 0
     if not args.render:
+        if args.train_missing:
+            retrain_missing(spec, args.root, args.runs, args.cells, args.jobs)
         run_scores(spec, args.root, args.runs, args.jobs, args.limit, args.cells)
     for path in render_scores(spec, args.root):
         print(f"wrote {path}")
@@ -79,6 +83,11 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="only the cells whose label matches this glob ('output=rff*'); with `list`: show every cell and its seeds",
     )
+    parser.add_argument(
+        "--train-missing",
+        action="store_true",
+        help="a scoring study: first train again the source runs whose folders are gone (checked against records)",
+    )
     parser.add_argument("--no-reuse", action="store_true", help="train runs that another study's record measured")
     parser.add_argument("--root", type=Path, default=Path("docs/study"), help="where records and tables go")
     parser.add_argument("--runs", "--runs-root", type=Path, default=Path("runs/study"), help="where run folders go")
@@ -90,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         if scoring is not None:
             return _scores(scoring, args)
         spec = find_spec(args.name)
+        if args.train_missing:
+            raise StudyError(f"--train-missing retrains a scoring study's source runs; {spec.name} trains its own")
     except StudyError as err:
         print(f"lmtrain.study: {err}", file=sys.stderr)
         return 2

@@ -235,7 +235,8 @@ def listing(spec: ScoreSpec, root: Path, runs_root: Path) -> str:
 def dry_run(spec: ScoreSpec, root: Path, runs_root: Path, cells: str | None, limit: int | None) -> list[str]:
     """What a call would do: the runs without a folder (with the command that trains each), then the pending
     scorings as ``python -m lmtrain.score`` commands (TEST: the run's test text)."""
-    lines = [f"# {run.key}: no run folder; train it: {train}" for run, train in missing_runs(spec, root, runs_root)]
+    missing = missing_runs(spec, root, runs_root)
+    lines = [f"# {run.key}: no run folder; train it: {train} (or add --train-missing)" for run, train in missing]
     for job in pending_jobs(spec, root, runs_root, cells)[:limit]:
         paths = [f"ckpt_path={job.run.folder}", "file=TEST", f"out={job.scores_dir / job.mode}.csv"]
         lines.append(" ".join(["python -m lmtrain.score", *paths, *job.arguments]))
@@ -257,7 +258,8 @@ def run_scores(
     """Score every (run, mode) without a record (of the cells matching ``cells``), at most ``limit`` of them,
     ``jobs`` at a time; each record is appended as it lands. Returns how many were scored."""
     for run, train in missing_runs(spec, root, runs_root):
-        print(f"{run.key}: no run folder with a checkpoint (looked in {run.expected}); train it: {train}", flush=True)
+        where = f"no run folder with a checkpoint (looked in {run.expected})"
+        print(f"{run.key}: {where}; train it: {train} (or add --train-missing)", flush=True)
     pending = pending_jobs(spec, root, runs_root, cells, code_version())[:limit]  # one commit for the whole call
     print(f"study {spec.name}: {len(pending)} (run, mode) pairs to score", flush=True)
     path, done = records_file(spec, root), 0
