@@ -161,6 +161,9 @@ def test_train_missing_retrains_gone_folders_through_a_side_folder_and_checks_th
     spec = load_spec(path)
     gone = training_folder(spec, next(r for r in spec.runs() if r.seed == 1), runs)
     shutil.rmtree(gone)
+    died = gone.with_name(f"{gone.name}.retraining")  # an attempt killed before its first checkpoint: kept aside
+    died.mkdir()
+    (died / "note.txt").write_text("kept")
     study = tmp_path / "extras.yaml"
     declared = {"study": str(path), "cells": "output=*", "modes": {"plain": []}, "overrides": ["device=cpu"]}
     study.write_text(yaml.safe_dump({"description": "tiny extras", "scores": declared}, sort_keys=False))
@@ -169,7 +172,8 @@ def test_train_missing_retrains_gone_folders_through_a_side_folder_and_checks_th
     assert "2 source runs of src to retrain" in out
     assert re.search(r"output=full,seed=1: retrained into \S+; reproduces its record: val ppl [\d.]+ \(recorded", out)
     assert "output=full,seed=3: retrained into" in out and "its record holds no perplexity to compare" in out
-    assert (gone / "checkpoints" / "last.ckpt").is_file() and not gone.with_name(f"{gone.name}.retraining").exists()
+    assert (gone / "checkpoints" / "last.ckpt").is_file() and not died.exists()
+    assert [p.read_text() for p in gone.parent.glob(f"{died.name}.stale-*/note.txt")] == ["kept"]
     recorded = {r["key"]: r for r in read_records(root / "src" / "records.jsonl")}
     plain = {r["seed"]: r for r in read_records(root / "extras" / "records.jsonl")}
     assert sorted(plain) == [1, 2, 3]  # the retrained runs are scored in the same call

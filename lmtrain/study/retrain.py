@@ -15,6 +15,7 @@ import fnmatch
 import json
 import math
 import subprocess
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,9 @@ def retrain(spec: ScoreSpec, run: SourceRun, record: dict[str, Any]) -> str:
     with claimed(folder.parent / f"{folder.name}.claim") as mine:
         if not mine:
             return f"{run.key}: another process is retraining it, skipped"
+        stale = f".stale-{int(time.time())}"
+        if side.exists() and not (side / "checkpoints" / "last.ckpt").is_file():
+            side.rename(side.with_name(side.name + stale))  # an attempt that died before its first checkpoint
         side.parent.mkdir(parents=True, exist_ok=True)
         log = folder.parent / f"{folder.name}.retraining.log"
         train = command(source, Run(run.cell, run.seed), side)  # resumes the side folder's last checkpoint
@@ -68,6 +72,8 @@ def retrain(spec: ScoreSpec, run: SourceRun, record: dict[str, Any]) -> str:
             result = subprocess.run(train, stdout=out, stderr=subprocess.STDOUT)
         if result.returncode != 0 or not (side / "run.json").is_file():
             return f"{run.key}: retraining stopped (exit {result.returncode}), nothing scored; see {log}"
+        if folder.exists():  # a folder without a checkpoint (a run that never finished): kept aside, not replaced
+            folder.rename(folder.with_name(folder.name + stale))
         side.rename(folder)
     return f"{run.key}: retrained into {folder}; {comparison(_recorded(record), _retrained(folder))}"
 
