@@ -24,7 +24,7 @@ from lmtrain.process.threads import jobs_sharing_cores
 from lmtrain.study.claims import claimed
 from lmtrain.study.records import read_records
 from lmtrain.study.runner import command, records_path
-from lmtrain.study.scores import SourceRun, source_runs
+from lmtrain.study.scores import SourceRun, missing_runs
 from lmtrain.study.scores_spec import ScoreSpec
 from lmtrain.study.spec import Run
 
@@ -78,18 +78,16 @@ def retrain(spec: ScoreSpec, run: SourceRun, record: dict[str, Any]) -> str:
     return f"{run.key}: retrained into {folder}; {comparison(_recorded(record), _retrained(folder))}"
 
 
-def retrain_missing(
-    spec: ScoreSpec, root: Path, runs_root: Path, cells: str | None = None, jobs: int = 1, limit: int | None = None
-) -> int:
+def retrain_missing(spec: ScoreSpec, root: Path, runs_root: Path, cells: str | None = None, jobs: int = 1) -> int:
     """Retrain the source runs (of the cells matching ``cells``) that have a record but no folder, ``jobs`` at a
-    time, at most ``limit`` of them; returns how many were tried."""
+    time; returns how many were tried."""
     source = spec.source_spec()
     records = {r["key"]: r for r in read_records(records_path(source, root))}
     missing = [
         run
-        for run in source_runs(spec, root, runs_root)
-        if run.folder is None and (cells is None or fnmatch.fnmatchcase(run.cell.label, cells))
-    ][:limit]
+        for run, _ in missing_runs(spec, root, runs_root)
+        if cells is None or fnmatch.fnmatchcase(run.cell.label, cells)
+    ]
     print(f"study {spec.name}: {len(missing)} source runs of {source.name} to retrain", flush=True)
     # threads=auto of every run (inherited) shares the cores among the jobs
     with jobs_sharing_cores(jobs), ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
