@@ -107,6 +107,11 @@ def test_a_scoring_study_records_each_run_and_mode_once_and_resumes(source, tmp_
     (root / "extras" / "records.jsonl").write_text("\n".join(kept) + "\n")
     assert study_main(args) == 0 and "1 (run, mode) pairs to score" in capsys.readouterr().out
     assert len(read_records(root / "extras" / "records.jsonl")) == 8
+    # --cells narrows the folder-less runs reported too, not only the scorings
+    assert study_main([*args, "--dry-run", "--cells", "output=f*"]) == 0
+    assert "output=full,seed=3: no run folder" in capsys.readouterr().out
+    assert study_main([*args, "--cells", "output=rff"]) == 0
+    assert "no run folder" not in capsys.readouterr().out
 
     # the table: each mode's mean ± sd over the two seeds, each gain the mean of the seeds' own gains
     records = read_records(root / "extras" / "records.jsonl")

@@ -103,6 +103,11 @@ def records_file(spec: ScoreSpec, root: Path) -> Path:
     return root / spec.name / "records.jsonl"
 
 
+def _in(run: SourceRun, cells: str | None) -> bool:
+    """Whether ``run``'s cell label matches the glob ``cells`` (None: every cell)."""
+    return cells is None or fnmatch.fnmatchcase(run.cell.label, cells)
+
+
 def pending_jobs(
     spec: ScoreSpec, root: Path, runs_root: Path, cells: str | None = None, code: dict[str, Any] | None = None
 ) -> list[Job]:
@@ -112,7 +117,7 @@ def pending_jobs(
     done = {r["key"] for r in read_records(records_file(spec, root))}
     jobs = []
     for run in source_runs(spec, root, runs_root):
-        if run.folder is None or (cells is not None and not fnmatch.fnmatchcase(run.cell.label, cells)):
+        if run.folder is None or not _in(run, cells):
             continue
         for mode in spec.modes:
             own = spec.scored_as(run.cell.label, mode) == mode and not spec.skipped(run.cell.label, mode)
@@ -122,10 +127,11 @@ def pending_jobs(
     return jobs
 
 
-def missing_runs(spec: ScoreSpec, root: Path, runs_root: Path) -> list[tuple[SourceRun, str]]:
-    """The recorded source runs whose folder is gone, each with the command that trains it into its own folder."""
+def missing_runs(spec: ScoreSpec, root: Path, runs_root: Path, cells: str | None = None) -> list[tuple[SourceRun, str]]:
+    """The recorded source runs whose folder is gone (``cells``: a glob their cell label must match too), each with
+    the command that trains it into its own folder."""
     source = spec.source_spec()
-    found = [run for run in source_runs(spec, root, runs_root) if run.folder is None]
+    found = [run for run in source_runs(spec, root, runs_root) if run.folder is None and _in(run, cells)]
     return [(run, " ".join(["python", *command(source, Run(run.cell, run.seed), run.expected)[1:]])) for run in found]
 
 
@@ -235,7 +241,7 @@ def listing(spec: ScoreSpec, root: Path, runs_root: Path) -> str:
 def dry_run(spec: ScoreSpec, root: Path, runs_root: Path, cells: str | None, limit: int | None) -> list[str]:
     """What a call would do: the runs without a folder (with the command that trains each), then the pending
     scorings as ``python -m lmtrain.score`` commands (TEST: the run's test text)."""
-    missing = missing_runs(spec, root, runs_root)
+    missing = missing_runs(spec, root, runs_root, cells)
     lines = [f"# {run.key}: no run folder; train it: {train} (or add --train-missing)" for run, train in missing]
     for job in pending_jobs(spec, root, runs_root, cells)[:limit]:
         paths = [f"ckpt_path={job.run.folder}", "file=TEST", f"out={job.scores_dir / job.mode}.csv"]
@@ -257,7 +263,7 @@ def run_scores(
 ) -> int:
     """Score every (run, mode) without a record (of the cells matching ``cells``), at most ``limit`` of them,
     ``jobs`` at a time; each record is appended as it lands. Returns how many were scored."""
-    for run, train in missing_runs(spec, root, runs_root):
+    for run, train in missing_runs(spec, root, runs_root, cells):
         where = f"no run folder with a checkpoint (looked in {run.expected})"
         print(f"{run.key}: {where}; train it: {train} (or add --train-missing)", flush=True)
     pending = pending_jobs(spec, root, runs_root, cells, code_version())[:limit]  # one commit for the whole call
