@@ -82,7 +82,7 @@ def retrain_missing(spec: ScoreSpec, root: Path, runs_root: Path, cells: str | N
     time; returns how many were tried."""
     source = spec.source_spec()
     records = {r["key"]: r for r in read_records(records_path(source, root))}
-    missing = [run for run, _ in missing_runs(spec, root, runs_root, cells)]
+    missing = missing_runs(spec, root, runs_root, cells)
     print(f"study {spec.name}: {len(missing)} source runs of {source.name} to retrain", flush=True)
     # threads=auto of every run (inherited) shares the cores among the jobs
     with jobs_sharing_cores(jobs), ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:

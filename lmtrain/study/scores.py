@@ -103,7 +103,7 @@ def records_file(spec: ScoreSpec, root: Path) -> Path:
     return root / spec.name / "records.jsonl"
 
 
-def _in(run: SourceRun, cells: str | None) -> bool:
+def _in_cells(run: SourceRun, cells: str | None) -> bool:
     """Whether ``run``'s cell label matches the glob ``cells`` (None: every cell)."""
     return cells is None or fnmatch.fnmatchcase(run.cell.label, cells)
 
@@ -117,7 +117,7 @@ def pending_jobs(
     done = {r["key"] for r in read_records(records_file(spec, root))}
     jobs = []
     for run in source_runs(spec, root, runs_root):
-        if run.folder is None or not _in(run, cells):
+        if run.folder is None or not _in_cells(run, cells):
             continue
         for mode in spec.modes:
             own = spec.scored_as(run.cell.label, mode) == mode and not spec.skipped(run.cell.label, mode)
@@ -127,12 +127,14 @@ def pending_jobs(
     return jobs
 
 
-def missing_runs(spec: ScoreSpec, root: Path, runs_root: Path, cells: str | None = None) -> list[tuple[SourceRun, str]]:
-    """The recorded source runs whose folder is gone (``cells``: a glob their cell label must match too), each with
-    the command that trains it into its own folder."""
-    source = spec.source_spec()
-    found = [run for run in source_runs(spec, root, runs_root) if run.folder is None and _in(run, cells)]
-    return [(run, " ".join(["python", *command(source, Run(run.cell, run.seed), run.expected)[1:]])) for run in found]
+def missing_runs(spec: ScoreSpec, root: Path, runs_root: Path, cells: str | None = None) -> list[SourceRun]:
+    """The recorded source runs whose folder is gone (``cells``: a glob their cell label must match too)."""
+    return [run for run in source_runs(spec, root, runs_root) if run.folder is None and _in_cells(run, cells)]
+
+
+def training_command(spec: ScoreSpec, run: SourceRun) -> str:
+    """The command that trains a source run into its own folder, as a user would type it."""
+    return " ".join(["python", *command(spec.source_spec(), Run(run.cell, run.seed), run.expected)[1:]])
 
 
 def tested_text(run_dir: Path, into: Path) -> Path:
@@ -242,7 +244,10 @@ def dry_run(spec: ScoreSpec, root: Path, runs_root: Path, cells: str | None, lim
     """What a call would do: the runs without a folder (with the command that trains each), then the pending
     scorings as ``python -m lmtrain.score`` commands (TEST: the run's test text)."""
     missing = missing_runs(spec, root, runs_root, cells)
-    lines = [f"# {run.key}: no run folder; train it: {train} (or add --train-missing)" for run, train in missing]
+    lines = [
+        f"# {run.key}: no run folder; train it: {training_command(spec, run)} (or add --train-missing)"
+        for run in missing
+    ]
     for job in pending_jobs(spec, root, runs_root, cells)[:limit]:
         paths = [f"ckpt_path={job.run.folder}", "file=TEST", f"out={job.scores_dir / job.mode}.csv"]
         lines.append(" ".join(["python -m lmtrain.score", *paths, *job.arguments]))
@@ -263,9 +268,9 @@ def run_scores(
 ) -> int:
     """Score every (run, mode) without a record (of the cells matching ``cells``), at most ``limit`` of them,
     ``jobs`` at a time; each record is appended as it lands. Returns how many were scored."""
-    for run, train in missing_runs(spec, root, runs_root, cells):
+    for run in missing_runs(spec, root, runs_root, cells):
         where = f"no run folder with a checkpoint (looked in {run.expected})"
-        print(f"{run.key}: {where}; train it: {train} (or add --train-missing)", flush=True)
+        print(f"{run.key}: {where}; train it: {training_command(spec, run)} (or add --train-missing)", flush=True)
     pending = pending_jobs(spec, root, runs_root, cells, code_version())[:limit]  # one commit for the whole call
     print(f"study {spec.name}: {len(pending)} (run, mode) pairs to score", flush=True)
     path, done = records_file(spec, root), 0
