@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -67,3 +69,12 @@ def test_synthetic_datamodule() -> None:
     assert dm.num_classes == 50 and dm.entropy_rate is not None and dm.entropy_rate > 0
     x, y = next(iter(dm.val_dataloader()))
     assert x.shape == (10, 35) and torch.equal(x[:, 1:], y[:, :-1])
+
+
+def test_data_md_quotes_the_default_synthetic_sources_best_perplexity() -> None:
+    """docs/data.md's "(X at the defaults)" for data=synthetic is exp(entropy rate) of the default source."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "data.md").read_text()
+    quoted = float(re.search(r"\((\d+\.\d) at the defaults\)", text).group(1))
+    opts = SyntheticOptions()
+    source = ZipfMarkovSource(opts.vocab_size, zipf_s=opts.zipf_s, mix=opts.mix, seed=opts.seed)
+    assert quoted == round(math.exp(source.entropy_rate), 1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -128,3 +129,15 @@ def test_data_zipf_config_builds_the_datamodule():
     assert dm.num_classes == 3000 and dm.entropy_rate == ZipfTopicSource(3000).entropy_rate
     x, y = next(iter(dm.train_dataloader()))
     assert x.shape == (20, 35) and torch.equal(x[:, 1:], y[:, :-1])
+
+
+def test_data_md_quotes_the_default_sources_best_perplexity():
+    """docs/data.md's table row for the default data=zipf source (its H and exp(H)) is what the source computes."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "data.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| 10^5 (default) |"))
+    h, ppl = (float(cell) for cell in row.strip("| ").split(" | ")[1:])
+    opts = ZipfTopicOptions()
+    source = ZipfTopicSource(
+        opts.vocab_size, zipf_s=opts.zipf_s, topic_size=opts.topic_size, mix=opts.mix, seed=opts.seed
+    )
+    assert (h, ppl) == (round(source.entropy_rate, 4), round(math.exp(source.entropy_rate), 2))
