@@ -5,14 +5,16 @@ each pass's perplexity, over the first ``--tokens`` test tokens of trained runs.
         --runs full=runs/study/survey/data-ptb__output-full__seed-1,rff=runs/study/survey/data-ptb__output-rff__seed-1 \
         --json docs/bench/dynamic_eval_ptb.json
 
-The modes are ``exact`` (dynamic.objective=exact) and ``train:PROPOSAL`` (dynamic.objective=train with
-dynamic.proposal=trained or current). Every mode runs ``method=rms`` at one lr (``--lr``; the search is left out so that
-the modes take the same steps' sizes) with the gradient statistics of ``--stat-batches`` training batches, computed once
-per objective and not timed. After an untimed pass of ``--warmup-tokens`` per mode, in interleaved rounds (A, B, ...,
-then again) each mode reads the same tokens from the trained weights (restored after every pass) with the same seed; a
-pass's time includes setting the evaluation up (θ_0's copy and, with ``proposal=trained``, the tree built from it). The
-figure is the median seconds per 1,000 tokens and its ratio to ``exact`` on the same run. The perplexity is the last
-round's (a sampled objective draws its negatives from the seeded generator, so the rounds agree).
+The modes are ``exact`` (dynamic.objective=exact) and ``train:PROPOSAL[:RECENT]`` (dynamic.objective=train with
+dynamic.proposal=trained or current, and dynamic.recent=RECENT where given: ``train:trained:0`` steps on the sampled
+loss alone, without the recent targets a sampled softmax holds by default). Every mode runs ``method=rms`` at one lr
+(``--lr``; the search is left out so that the modes take the same steps' sizes) with the gradient statistics of
+``--stat-batches`` training batches, computed once per objective and not timed. After an untimed pass of
+``--warmup-tokens`` per mode, in interleaved rounds (A, B, ..., then again) each mode reads the same tokens from the
+trained weights (restored after every pass) with the same seed; a pass's time includes setting the evaluation up
+(θ_0's copy and, with ``proposal=trained``, the tree built from it). The figure is the median seconds per 1,000 tokens
+and its ratio to ``exact`` on the same run. The perplexity is the last round's (a sampled objective draws its
+negatives from the seeded generator, so the rounds agree).
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ from lmtrain.tools.trained import TrainedModel, load_trained, resolve_checkpoint
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", required=True, help="comma list of LABEL=RUN_FOLDER (trained runs)")
-    parser.add_argument("--modes", default="exact,train:trained,train:current", help="comma list of modes")
+    modes = "exact,train:trained,train:trained:0,train:current"
+    parser.add_argument("--modes", default=modes, help="comma list of modes")
     parser.add_argument("--tokens", type=int, default=1000, help="test tokens each pass predicts")
     parser.add_argument("--lr", type=float, default=2e-5, help="dynamic.lr of every mode (method rms)")
     parser.add_argument("--stat-batches", type=int, default=20, help="dynamic.stat_batches (the statistics' batches)")
@@ -48,9 +51,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def options_of(mode: str, args: argparse.Namespace) -> DynamicOptions:
-    """``exact`` or ``train:PROPOSAL`` as dynamic evaluation's options."""
-    objective, _, proposal = mode.partition(":")
-    chosen = {"objective": objective, "proposal": proposal} if proposal else {"objective": objective}
+    """``exact`` or ``train:PROPOSAL[:RECENT]`` as dynamic evaluation's options."""
+    objective, proposal, recent = (mode.split(":") + ["", ""])[:3]
+    chosen: dict[str, Any] = {"objective": objective}
+    chosen |= {"proposal": proposal} if proposal else {}
+    chosen |= {"recent": int(recent)} if recent else {}
     return DynamicOptions(lr=args.lr, stat_batches=args.stat_batches, **chosen)
 
 

@@ -253,7 +253,8 @@ def test_every_strategy_scores_dynamically_and_the_checkpoint_stays(trained_run,
     args = [f"ckpt_path={run}", f"file={text}", "dynamic=true", *stats, "dynamic.lr=0.01", "cache=true"]
     assert score_main([*args, "cache.theta=0.3", "cache.lam=0.1", f"out={tmp_path / 'dyn.csv'}"]) == 0
     out = capsys.readouterr().out
-    shown = "train (proposal trained)" if objective == "train" else objective
+    held = ", the last 20,000 tokens' targets held exactly" if output in ("unigram", "rff", "bigram") else ""
+    shown = f"train (proposal trained{held})" if objective == "train" else objective
     assert f"dynamic: method rms, objective {shown}, lr 0.01" in out and "cache: window 500, theta 0.3" in out
     written = json.loads((tmp_path / "dyn.json").read_text())
     assert written["dynamic"]["statistics_batches"] == 2 and written["ppl"] != pytest.approx(plain.ppl, rel=1e-4)
@@ -492,7 +493,8 @@ def test_the_dynamic_bench_times_every_mode_from_the_trained_weights(trained_run
     argv += ["--warmup-tokens", "10"]
     record = bench_dynamic.main([*argv, "--threads", "1", "--json", str(out)])
     table = record["runs"]["rff"]
-    assert set(table["seconds_per_1k_tokens"]) == {"exact", "train:trained", "train:current"}
+    assert set(table["seconds_per_1k_tokens"]) == {"exact", "train:trained", "train:trained:0", "train:current"}
+    assert table["ppl"]["train:trained"] != table["ppl"]["train:trained:0"]  # the recent targets held, or not
     assert table["ratio_to_exact"]["exact"] == 1.0 and all(math.isfinite(p) for p in table["ppl"].values())
     assert json.loads(out.read_text()) == record and record["command"].startswith("python scripts/bench_dynamic.py")
 

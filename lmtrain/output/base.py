@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -11,6 +11,16 @@ from lmtrain.common.part import Part
 from lmtrain.common.precision import in_float32, wrap_methods
 
 PAIRS_PER_CHUNK = 1 << 16  # (position, class) pairs per log_prob call in the default log_probs_all
+
+
+class ExactClasses(NamedTuple):
+    """Classes a sampled loss scores exactly instead of sampling them (dynamic evaluation's recent targets), in
+    fixed-size tensors: ``ids`` (r,) with ``include`` (r,) False on a repeat or an empty slot, and ``member`` (n,)
+    True for each class of the set."""
+
+    ids: Tensor
+    include: Tensor
+    member: Tensor
 
 
 class OutputLayer(nn.Module, Part):
@@ -33,6 +43,8 @@ class OutputLayer(nn.Module, Part):
 
     num_classes: int
     loss_is_nll: bool = False  # True when `loss` is the exact mean -log p: then exp(loss) is a perplexity
+    # True where ``loss`` takes ``exact`` (``ExactClasses``): a sampled normalizer that can hold classes exactly
+    holds_exact_classes: ClassVar[bool] = False
     # why model.tie_weights cannot share this strategy's class vectors with the input embedding; "" where it can
     # (then ``embed`` reads them): the config check refuses the others before anything is built
     tie_refusal: ClassVar[str] = "it has no single vector per class to share"

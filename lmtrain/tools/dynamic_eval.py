@@ -18,19 +18,22 @@ kernel sampler's tree) is built once from a copy of θ_0 and a proposal that lea
 so its draws and log q stay exact for that fixed proposal and a step costs no refresh over the vocabulary;
 ``proposal=current`` refreshes it after every step, as training does (a kernel tree rebuilt over every class each
 segment, since every row moves). Proposals computed from the current weights (softmax, quartic) follow them in
-both. Every token is scored before any step that has read it. The weights change only in memory: ``restore`` puts
-θ_0 back (and the buffers a proposal learns); nothing is written to the checkpoint. Every pass (and the statistics)
-starts by seeding torch's generators with ``seed``: the training loss's draws are then the same in every call and
-any process, so a score repeats exactly and a search's result can be reused. An lr left out (null) is
-searched: the one of ``lr_grid`` with the lowest perplexity of the first ``search_tokens`` tokens of the run's
-validation split (``lmtrain.tools.score_extras``), going on past a grid end that is the best (``BEYOND``).
+both. A sampled softmax's loss also holds the distinct targets of the last ``recent`` tokens in every position's
+normalizer exactly (``lmtrain.tools.recent_targets``): the rows a pass pushes up are pushed down again at every
+step, where a proposal that does not follow the model seldom draws them. Every token is scored before any step that
+has read it. The weights change only in memory: ``restore`` puts θ_0 back (and the buffers a proposal learns);
+nothing is written to the checkpoint. Every pass (and the statistics) starts by seeding torch's generators with
+``seed``: the training loss's draws are then the same in every call and any process, so a score repeats exactly and
+a search's result can be reused. An lr left out (null) is searched: the one of ``lr_grid`` with the lowest
+perplexity of the first ``search_tokens`` tokens of the run's validation split (``lmtrain.tools.score_extras``),
+going on past a grid end that is the best (``BEYOND``).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -39,6 +42,8 @@ from torch import Tensor, nn
 from lmtrain.common.precision import float32_region
 from lmtrain.common.ranges import AT_LEAST_1, Checked, Choice
 from lmtrain.data import WindowDataset, batchify
+from lmtrain.output.base import ExactClasses
+from lmtrain.tools.recent_targets import RecentTargets
 from lmtrain.training.step import Batch, carry
 
 
@@ -73,6 +78,9 @@ class DynamicOptions(Checked):
     method: Method = Method.rms
     objective: Objective = Objective.exact
     proposal: ProposalState = ProposalState.trained  # objective=train: the proposal fixed at θ_0 or refreshed
+    # objective=train: the last `recent` tokens' targets held exactly in a sampled softmax's normalizer (0: none);
+    # None: RECENT_WINDOW where the training loss is a sampled softmax, else 0
+    recent: int | None = field(default=None, metadata={"at_least": 0})
     lr: float | None = field(default=None, metadata={"above": 0})  # η; None: searched (lr_grid)
     decay: float = field(default=2e-3, metadata={"at_least": 0})  # λ, the pull to the trained weights (rms)
     eps: float = field(default=2e-5, metadata={"above": 0})  # added to the RMS (rms)
@@ -92,11 +100,34 @@ LRS: dict[Method, tuple[float, ...]] = {
     Method.sgd: (0.05, 0.1, 0.2, 0.5, 1.0),
 }
 BEYOND = 4
+RECENT_WINDOW = 20000  # tokens whose targets objective=train holds exactly, where the loss is a sampled softmax
 
 
 def lr_grid(method: Method | str) -> tuple[float, ...]:
     """The lrs a search tries for ``method`` (``LRS``)."""
     return LRS[Method(method)]
+
+
+def resolved(options: DynamicOptions, module: Any) -> DynamicOptions:
+    """``options`` with ``recent`` concrete: left out, ``RECENT_WINDOW`` where ``objective=train`` steps on a
+    sampled softmax (``module.output.holds_exact_classes``), else 0. A window given where no such loss is stepped
+    on is refused."""
+    holds = options.objective == Objective.train and module.output.holds_exact_classes
+    if options.recent is None:
+        return replace(options, recent=RECENT_WINDOW if holds else 0)
+    if options.recent > 0 and not holds:
+        why = (
+            "dynamic.objective=exact steps on the exact loss"
+            if options.objective == Objective.exact
+            else f"output={module.output.name}'s training loss has no sampled normalizer (each draw is judged alone)"
+        )
+        raise ValueError(
+            f"dynamic.recent={options.recent} holds recent targets in a sampled softmax's normalizer, but {why}: "
+            "leave it out or set 0"
+        )
+    if 0 < options.recent < options.segment:
+        raise ValueError(f"dynamic.recent={options.recent} is shorter than a segment ({options.segment} tokens)")
+    return options
 
 
 def adapted(module: nn.Module) -> list[nn.Parameter]:
@@ -105,13 +136,19 @@ def adapted(module: nn.Module) -> list[nn.Parameter]:
 
 
 def segment_gradients(
-    module: Any, batch: Batch, state: Any, objective: Objective | str, scored: bool = True
+    module: Any,
+    batch: Batch,
+    state: Any,
+    objective: Objective | str,
+    scored: bool = True,
+    exact: ExactClasses | None = None,
 ) -> tuple[Tensor | None, Tensor, Any, list[Tensor]]:
     """One segment's forward pass from ``state`` and the gradient of its mean loss: exact log p of the targets
     (detached, (N,); None when not ``scored`` and the objective does not need it), hidden states (N, d), the state
     to carry on and one gradient per ``adapted`` parameter: dense (zeros where the loss does not reach it), or for
     a sparse embedding a sparse row tensor as autograd gives it (the segment's few input rows, a row possibly more
-    than once: coalescing would size a tensor by the data, a host sync on a GPU)."""
+    than once: coalescing would size a tensor by the data, a host sync on a GPU). ``exact``: classes the training
+    loss (a sampled softmax's) holds exactly."""
     inputs, targets = batch
     params = adapted(module)
     # cuDNN runs an LSTM's backward pass only in training mode; evaluation mode keeps dropout off
@@ -120,8 +157,10 @@ def segment_gradients(
         log_p = module.output.log_prob(hidden, targets.reshape(-1)) if scored or objective == "exact" else None
         if objective == Objective.exact:
             loss = -log_p.mean()
-        else:
+        elif exact is None:
             loss = module.output.loss(hidden, targets.reshape(-1), inputs=inputs.reshape(-1))
+        else:
+            loss = module.output.loss(hidden, targets.reshape(-1), inputs=inputs.reshape(-1), exact=exact)
         grads = torch.autograd.grad(loss, params, allow_unused=True)
     pairs = zip(params, grads, strict=True)
     grads = [torch.zeros_like(p) if g is None else g for p, g in pairs]
@@ -138,7 +177,8 @@ def gradient_rms(
     module: Any, train_ids: Tensor, options: DynamicOptions, device: torch.device, progress: Callable | None = None
 ) -> tuple[list[Tensor], int]:
     """RMS over training batches of each adapted parameter's gradient (one tensor per parameter) and the number of
-    batches read: ``stat_batches`` windows (None: all) of ``stat_batch`` rows x ``segment`` tokens, in order."""
+    batches read: ``stat_batches`` windows (None: all) of ``stat_batch`` rows x ``segment`` tokens, in order. A
+    sampled softmax's loss holds no recent targets here: the statistics are the training loss's own."""
     windows = WindowDataset(batchify(train_ids, options.stat_batch, "train"), options.segment)
     torch.manual_seed(options.seed)  # objective=train draws samples
     count = statistics_batches(train_ids.numel(), options)
@@ -225,8 +265,11 @@ class DynamicEvaluation:
     def __init__(self, module: Any, options: DynamicOptions, rms: list[Tensor] | None = None) -> None:
         if options.lr is None:  # the search (score_extras) resolves it first
             raise ValueError("dynamic evaluation needs a concrete lr: pass dynamic.lr or search it (lr_grid)")
+        options = resolved(options, module)
         self.module, self.options = module, options
         self.params = adapted(module)
+        device = self.params[0].device
+        self.recent = RecentTargets(options.recent, module.output.num_classes, device) if options.recent else None
         self.start = [p.detach().clone() for p in self.params]  # θ_0
         # what a proposal learns lives in persistent buffers (adaptive_ngram's mixture logits): kept to restore
         persistent = module.state_dict(keep_vars=True)
@@ -265,7 +308,11 @@ class DynamicEvaluation:
         """Score one segment with the current weights, then take the step on it."""
         if self.lazy is not None:
             self.lazy.catch_up(batch[0].reshape(-1))  # the input rows the forward pass reads
-        log_p, hidden, state, grads = segment_gradients(self.module, batch, state, self.options.objective)
+        exact = None
+        if self.recent is not None:  # this segment's targets join the window before its step
+            self.recent.push(batch[1].reshape(-1))
+            exact = self.recent.classes()
+        log_p, hidden, state, grads = segment_gradients(self.module, batch, state, self.options.objective, exact=exact)
         self.step(grads)
         return log_p, hidden, state
 
@@ -295,6 +342,8 @@ class DynamicEvaluation:
             param.copy_(origin)
         if self.lazy is not None:
             self.lazy.reset()
+        if self.recent is not None:
+            self.recent.clear()
         for name, buffer in self.module.named_buffers():
             if name in self.start_buffers:
                 buffer.copy_(self.start_buffers[name])

@@ -44,6 +44,7 @@ from lmtrain.tools.dynamic_eval import (
     Method,
     gradient_rms,
     lr_grid,
+    resolved,
     statistics_batches,
 )
 from lmtrain.tools.trained import TrainedModel, resolve_checkpoint, run_config
@@ -244,6 +245,7 @@ def adapting(trained: TrainedModel, options: DynamicOptions, data: Any) -> tuple
     """Dynamic evaluation of the trained model (with the gradient statistics of ``method=rms``, computed once) at
     the given lr, else at the lr of ``lr_grid`` with the lowest perplexity of the validation split's first
     ``search_tokens`` tokens; and its report (``reused``: what this process had computed for the same inputs)."""
+    options = resolved(options, trained.module)  # the report gives the window objective=train holds
     inputs, reused = Inputs.of(trained, options, data), []
     rms, batches = None, 0
     if options.method == Method.rms:
@@ -310,7 +312,8 @@ def describe(report: dict[str, Any]) -> str:
         searched = "lr" in dynamic["searched"]
         objective = dynamic["objective"]
         if objective == "train":
-            objective += f" (proposal {dynamic['proposal']})"
+            held = f", the last {dynamic['recent']:,} tokens' targets held exactly" if dynamic["recent"] else ""
+            objective += f" (proposal {dynamic['proposal']}{held})"
         line = f"dynamic: method {dynamic['method']}, objective {objective}, lr {dynamic['lr']:g}"
         line += " (searched)" if searched else ""
         if dynamic["method"] == "rms":

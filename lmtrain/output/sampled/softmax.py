@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import torch
 from torch import Tensor
 
+from lmtrain.output.base import ExactClasses
 from lmtrain.output.sampled.base import Drawn, SampledOutput
 from lmtrain.output.sampled.estimators import (
     accidental_hits,
@@ -33,6 +35,7 @@ class SampledSoftmax(SampledOutput):
     """
 
     name, companions = "sampled", {"sampler": "uniform"}  # output=sampled, with sampler=uniform unless one is chosen
+    holds_exact_classes = True
     Options: ClassVar[type[EstimatorOptions]] = SoftmaxOptions
     options: EstimatorOptions
 
@@ -52,9 +55,22 @@ class SampledSoftmax(SampledOutput):
             return super().draw(proposal)
         return Drawn(*draw_unique(proposal, self.options.num_samples))
 
-    def loss(self, hidden: Tensor, target: Tensor, inputs: Tensor | None = None) -> Tensor:
+    def loss(
+        self, hidden: Tensor, target: Tensor, inputs: Tensor | None = None, exact: ExactClasses | None = None
+    ) -> Tensor:
+        """The mean sampled NLL; with ``exact``, its classes join every position's normalizer as they are (offset
+        0, the target's own entry left to the target) and their drawn copies leave the sample. Each correction's
+        weights stay unbiased for the classes outside the set, which a draw from the proposal reaches alike."""
         d = self.negatives(hidden, target, inputs)
-        return joint_softmax_nll(d.scores, self.offsets(target, d.ids, d.log_q, d.target_log_q, d.tries), mean=True)
+        offsets = self.offsets(target, d.ids, d.log_q, d.target_log_q, d.tries)  # (N, m)
+        if exact is None:
+            return joint_softmax_nll(d.scores, offsets, mean=True)
+        offsets = offsets.masked_fill(exact.member[d.ids].expand(offsets.shape), float("inf"))  # (N, m)
+        known = self.id_logits(self.logit_query(self.query(hidden)), exact.ids)  # (N, r)
+        kept = exact.include.unsqueeze(0) & (exact.ids.unsqueeze(0) != target.unsqueeze(1))  # (N, r)
+        known_offsets = torch.zeros_like(known).masked_fill_(~kept, float("inf"))  # (N, r)
+        scores = torch.cat([d.scores, known], dim=1)  # (N, 1 + m + r)
+        return joint_softmax_nll(scores, torch.cat([offsets, known_offsets], dim=1), mean=True)
 
     def offsets(self, target: Tensor, ids: Tensor, log_q: Tensor, target_log_q: Tensor, tries: Tensor | None) -> Tensor:
         """What the estimator subtracts from each negative's score, (N, m), +inf where a negative is removed: the
