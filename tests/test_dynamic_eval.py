@@ -253,7 +253,7 @@ def test_every_strategy_scores_dynamically_and_the_checkpoint_stays(trained_run,
     args = [f"ckpt_path={run}", f"file={text}", "dynamic=true", *stats, "dynamic.lr=0.01", "cache=true"]
     assert score_main([*args, "cache.theta=0.3", "cache.lam=0.1", f"out={tmp_path / 'dyn.csv'}"]) == 0
     out = capsys.readouterr().out
-    held = ", the last 20,000 tokens' targets held exactly" if output in ("unigram", "rff", "bigram") else ""
+    held = ", the last 2,000 tokens' targets held exactly" if output in ("unigram", "rff", "bigram") else ""
     shown = f"train (proposal trained{held})" if objective == "train" else objective
     assert f"dynamic: method rms, objective {shown}, lr 0.01" in out and "cache: window 500, theta 0.3" in out
     written = json.loads((tmp_path / "dyn.json").read_text())

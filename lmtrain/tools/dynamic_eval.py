@@ -100,7 +100,7 @@ LRS: dict[Method, tuple[float, ...]] = {
     Method.sgd: (0.05, 0.1, 0.2, 0.5, 1.0),
 }
 BEYOND = 4
-RECENT_WINDOW = 20000  # tokens whose targets objective=train holds exactly, where the loss is a sampled softmax
+RECENT_WINDOW = 2000  # tokens whose targets objective=train holds exactly, where the loss is a sampled softmax
 
 
 def lr_grid(method: Method | str) -> tuple[float, ...]:
