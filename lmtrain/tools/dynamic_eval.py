@@ -157,10 +157,9 @@ def segment_gradients(
         log_p = module.output.log_prob(hidden, targets.reshape(-1)) if scored or objective == "exact" else None
         if objective == Objective.exact:
             loss = -log_p.mean()
-        elif exact is None:
-            loss = module.output.loss(hidden, targets.reshape(-1), inputs=inputs.reshape(-1))
-        else:
-            loss = module.output.loss(hidden, targets.reshape(-1), inputs=inputs.reshape(-1), exact=exact)
+        else:  # only a sampled softmax's loss (holds_exact_classes) is handed classes to hold exactly
+            held = {} if exact is None else {"exact": exact}
+            loss = module.output.loss(hidden, targets.reshape(-1), inputs=inputs.reshape(-1), **held)
         grads = torch.autograd.grad(loss, params, allow_unused=True)
     pairs = zip(params, grads, strict=True)
     grads = [torch.zeros_like(p) if g is None else g for p, g in pairs]
