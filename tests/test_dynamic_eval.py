@@ -483,7 +483,7 @@ def test_a_given_lr_is_used_with_no_search(trained_run, tmp_path, monkeypatch, c
 
 def test_the_dynamic_bench_times_every_mode_from_the_trained_weights(trained_run, tmp_path, monkeypatch):
     """scripts/bench_dynamic.py on a tiny rff run: each mode's seconds and perplexity, ``exact`` the ratios' base,
-    and the record written as returned."""
+    the record written as returned and rendered as the docs quote it (a row per mode with its ratio)."""
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts"))
     import bench_dynamic
 
@@ -497,6 +497,12 @@ def test_the_dynamic_bench_times_every_mode_from_the_trained_weights(trained_run
     assert table["ppl"]["train:trained"] != table["ppl"]["train:trained:0"]  # the recent targets held, or not
     assert table["ratio_to_exact"]["exact"] == 1.0 and all(math.isfinite(p) for p in table["ppl"].values())
     assert json.loads(out.read_text()) == record and record["command"].startswith("python scripts/bench_dynamic.py")
+    from records.bench import render_bench
+
+    rows = [line.split(" | ") for line in render_bench(out).splitlines() if line.startswith("| rff |")]
+    assert [row[2] for row in rows] == ["`exact`", "`train:trained`", "`train:trained:0`", "`train:current`"]
+    ratios = [f"{table['ratio_to_exact'][mode]:.2f}" for mode in table["seconds_per_1k_tokens"]]
+    assert [row[4] for row in rows] == ratios and rows[0][4] == "1.00"
 
 
 @pytest.mark.cuda

@@ -1,7 +1,8 @@
 """A throughput benchmark's record (``scripts/bench_train.py --json``) rendered as a table: tokens/s per strategy,
 the median of interleaved rounds, and the ratio to the full softmax measured in the same run. A GPU benchmark's
 record (``scripts/bench_gpu.py``) has its own layout (``records.gpu_bench``); the counts of
-``scripts/bench_launches.py`` and ``scripts/bench_traffic.py`` (measured by ``scripts/lab/``) are rendered here too."""
+``scripts/bench_launches.py`` and ``scripts/bench_traffic.py`` (measured by ``scripts/lab/``) and the passes of
+``scripts/bench_dynamic.py`` are rendered here too."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ def render_bench(path: Path) -> str:
         return render_gpu(path.name, record)
     if record.get("kind") == "bench_traffic":  # a scripts/bench_traffic.py record
         return traffic_table(record)
+    if record.get("kind") == "bench_dynamic":  # a scripts/bench_dynamic.py record
+        return dynamic_table(record)
     isolated = ", each cell in its own process" if "child" in str(record.get("peak_memory", "")) else ""
     lines = [
         f"<!-- rendered by `python scripts/render_docs.py --bench docs/bench/{path.name}` from that record:"
@@ -109,3 +112,25 @@ def traffic_table(record: dict[str, Any]) -> str:
 def _traffic_cell(row: dict[str, Any]) -> str:
     """One table cell: GiB / G multiply-adds / operators / syncs."""
     return f"{row['bytes'] / 2**30:.2f} / {row['macs'] / 1e9:.1f} / {row['launches']} / {row['syncs']}"
+
+
+def dynamic_table(record: dict[str, Any]) -> str:
+    """A ``scripts/bench_dynamic.py`` record as markdown: per run and mode, the median seconds per 1,000 tokens,
+    the ratio to the exact objective's pass on the same run and the pass's perplexity."""
+    lines = [
+        f"<!-- written by `{record['command']}`: do not edit -->",
+        f"Dynamic evaluation's passes, `scripts/bench_dynamic.py`: {record['rounds']} interleaved rounds over the "
+        f"first {record['tokens']:,} test tokens of each run, {record['threads']} thread(s), method rms at lr "
+        f"{record['lr']:g}, one process; median seconds per 1,000 tokens. Modes: `exact` (dynamic.objective=exact), "
+        "`train:PROPOSAL[:RECENT]` (dynamic.objective=train, dynamic.proposal=PROPOSAL, dynamic.recent=RECENT where "
+        "given, else its default).",
+        "",
+        *table_head(["run", "classes", "mode", "s / 1k tokens (median)", "x exact (same run)", "ppl"]),
+    ]
+    for label, run in record["runs"].items():
+        for mode, seconds in run["seconds_per_1k_tokens"].items():
+            ratio = run["ratio_to_exact"].get(mode)
+            shown = "—" if ratio is None else f"{ratio:.2f}"
+            row = [label, f"{run['num_classes']:,}", f"`{mode}`", f"{seconds:.2f}", shown, f"{run['ppl'][mode]:.1f}"]
+            lines.append(table_row(row))
+    return "\n".join([*lines, ""])
