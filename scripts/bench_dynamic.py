@@ -7,7 +7,8 @@ each pass's perplexity, over the first ``--tokens`` test tokens of trained runs.
 
 The modes are ``exact`` (dynamic.objective=exact) and ``train:PROPOSAL[:RECENT]`` (dynamic.objective=train with
 dynamic.proposal=trained or current, and dynamic.recent=RECENT where given: ``train:trained:0`` steps on the sampled
-loss alone, without the recent targets a sampled softmax holds by default). Every mode runs ``method=rms`` at one lr
+loss alone, without the recent targets a sampled softmax holds by default; on a loss that is the exact one, as
+full's, a train mode is the exact pass). Every mode runs ``method=rms`` at one lr
 (``--lr``; the search is left out so that the modes take the same steps' sizes) with the gradient statistics of
 ``--stat-batches`` training batches, computed once per objective and not timed. After an untimed pass of
 ``--warmup-tokens`` per mode, in interleaved rounds (A, B, ..., then again) each mode reads the same tokens from the
@@ -32,7 +33,7 @@ import torch
 from bench_train import labelled, parse_bench_args
 
 from lmtrain.output.cache import ppl, read_stream
-from lmtrain.tools.dynamic_eval import DynamicEvaluation, DynamicOptions, gradient_rms
+from lmtrain.tools.dynamic_eval import DynamicEvaluation, DynamicOptions, gradient_rms, resolved
 from lmtrain.tools.score_extras import run_data
 from lmtrain.tools.trained import TrainedModel, load_trained, resolve_checkpoint, run_config
 
@@ -78,7 +79,8 @@ def run_table(args: argparse.Namespace, label: str, folder: str, modes: list[str
     trained = load_trained(folder, [], "cpu")
     data = run_data(trained, run_config(resolve_checkpoint(Path(folder)), []))
     stream = data.test_ids[: args.tokens + 1]  # (tokens + 1,)
-    options = {mode: options_of(mode, args) for mode in modes}
+    # as a scoring resolves them: a train mode on a loss that is the exact NLL (full's) runs the exact pass
+    options = {mode: resolved(options_of(mode, args), trained.module) for mode in modes}
     rms = {}
     for opts in options.values():  # the statistics follow the objective's gradient
         if opts.objective not in rms:

@@ -137,6 +137,30 @@ def test_sgd_mode_is_plain_sgd(trained_run):
             torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7)
 
 
+def test_a_training_loss_that_is_the_exact_nll_steps_as_the_exact_objective(trained_run, monkeypatch):
+    """objective=train on full (its training loss is the exact NLL) resolves to exact and never calls ``loss``: the
+    scores are the exact pass's to the bit. With a self-normalization penalty, or on a sampled softmax, it stays
+    train (a different gradient)."""
+    module = trained_model(trained_run)
+    penalized = load_trained(str(trained_run("full", "synthetic", "output.self_normalize=0.1")[0]), [], "cpu").module
+    assert dynamic_eval.resolved(DynamicOptions(objective="train"), module).objective == "exact"
+    assert dynamic_eval.resolved(DynamicOptions(objective="train"), penalized).objective == "train"
+    assert (
+        dynamic_eval.resolved(DynamicOptions(objective="train"), trained_model(trained_run, "unigram")).objective
+        == "train"
+    )
+    stream = torch.randint(0, 100, (16,), generator=torch.Generator().manual_seed(5))
+    rms = [torch.full_like(p, 1e-3) for p in adapted(module)]
+    scores = {}
+    for objective in ("exact", "train"):
+        evaluation = DynamicEvaluation(module, DynamicOptions(objective=objective, lr=1e-3, segment=3), rms)
+        with monkeypatch.context() as patch:
+            patch.setattr(module.output, "loss", lambda *a, **k: pytest.fail("the training loss was computed"))
+            scores[objective] = read_stream(evaluation, stream, 1, (), CPU, 3)[0]
+        evaluation.restore()
+    assert torch.equal(scores["exact"], scores["train"])
+
+
 def test_a_token_never_changes_its_own_score_or_any_before_it(trained_run):
     """Two streams that differ in the token at target position 12 (segment 10-14): the scores before it are
     equal, later ones differ, and both scores at 12 are the distribution of the model that the first two segments
@@ -254,7 +278,8 @@ def test_every_strategy_scores_dynamically_and_the_checkpoint_stays(trained_run,
     assert score_main([*args, "cache.theta=0.3", "cache.lam=0.1", f"out={tmp_path / 'dyn.csv'}"]) == 0
     out = capsys.readouterr().out
     held = ", the last 2,000 tokens' targets held exactly" if output in ("unigram", "rff", "bigram") else ""
-    shown = f"train (proposal trained{held})" if objective == "train" else objective
+    exact_loss = output in ("full", "hsm", "adaptive")  # a training loss that is the exact NLL: objective exact
+    shown = f"train (proposal trained{held})" if objective == "train" and not exact_loss else "exact"
     assert f"dynamic: method rms, objective {shown}, lr 0.01" in out and "cache: window 500, theta 0.3" in out
     written = json.loads((tmp_path / "dyn.json").read_text())
     assert written["dynamic"]["statistics_batches"] == 2 and written["ppl"] != pytest.approx(plain.ppl, rel=1e-4)

@@ -109,6 +109,7 @@ def test_a_window_is_the_default_only_where_a_sampled_softmax_is_stepped_on(trai
     (tmp_path / "text.txt").write_text("w1 w2 w3 w4 w5 w6\n")
     for output, args, expected in [
         ("nce", ["dynamic.objective=train", "dynamic.recent=100"], "output=nce's training loss has no sampled"),
+        ("full", ["dynamic.objective=train", "dynamic.recent=100"], "output=full's training loss is its exact"),
         ("unigram", ["dynamic.recent=100"], "dynamic.objective=exact steps on the exact loss"),
     ]:
         run, _ = trained_run(output)

@@ -12,7 +12,8 @@ the step is normalized per weight, and the pull back to θ_0 is stronger where t
 is the mean over every adapted weight (the paper's; the reference code averages the tensors' means instead).
 ``method=sgd`` is θ <- θ - lr g: no statistics, no decay. ``objective=exact`` takes g from the exact
 log-likelihood (what is scored); ``objective=train`` from the strategy's training loss (``output.loss`` with the
-input tokens: sampled softmax, NCE, ...), whose backward pass skips the normalization over the vocabulary. Its
+input tokens: sampled softmax, NCE, ...), whose backward pass skips the normalization over the vocabulary (where
+that loss is the exact log-likelihood, as full's, ``train`` resolves to ``exact``: one computation). Its
 proposal, with ``proposal=trained``, stays the trained model's for the pass: state derived from the class vectors (a
 kernel sampler's tree) is built once from a copy of θ_0 and a proposal that learns (adaptive_ngram) does not step,
 so its draws and log q stay exact for that fixed proposal and a step costs no refresh over the vocabulary;
@@ -111,23 +112,29 @@ def lr_grid(method: Method | str) -> tuple[float, ...]:
 def resolved(options: DynamicOptions, module: Any) -> DynamicOptions:
     """``options`` with ``recent`` concrete: left out, ``RECENT_WINDOW`` where ``objective=train`` steps on a
     sampled softmax (``module.output.holds_exact_classes``), else 0. A window given where no such loss is stepped
-    on is refused."""
-    holds = options.objective == Objective.train and module.output.holds_exact_classes
-    if options.recent is None:
-        return replace(options, recent=RECENT_WINDOW if holds else 0)
-    if options.recent > 0 and not holds:
-        why = (
-            "dynamic.objective=exact steps on the exact loss"
-            if options.objective == Objective.exact
-            else f"output={module.output.name}'s training loss has no sampled normalizer (each draw is judged alone)"
-        )
+    on is refused. ``objective=train`` where the training loss is the exact log-likelihood
+    (``module.output.loss_is_nll``: full without self-normalization, adaptive, hsm, mos, ...) is ``exact``: the same
+    gradient, one output pass instead of two (the scores' and the loss's)."""
+    trains = options.objective == Objective.train
+    output = module.output if trains else None  # only a training loss asks what the output is
+    exact_loss = trains and output.loss_is_nll
+    holds = trains and output.holds_exact_classes
+    if options.recent is not None and options.recent > 0 and not holds:
+        if not trains:
+            why = "dynamic.objective=exact steps on the exact loss"
+        elif exact_loss:
+            why = f"output={output.name}'s training loss is its exact log-likelihood"
+        else:
+            why = f"output={output.name}'s training loss has no sampled normalizer (each draw is judged alone)"
         raise ValueError(
             f"dynamic.recent={options.recent} holds recent targets in a sampled softmax's normalizer, but {why}: "
             "leave it out or set 0"
         )
-    if 0 < options.recent < options.segment:
+    if options.recent is not None and 0 < options.recent < options.segment:
         raise ValueError(f"dynamic.recent={options.recent} is shorter than a segment ({options.segment} tokens)")
-    return options
+    recent = (RECENT_WINDOW if holds else 0) if options.recent is None else options.recent
+    objective = Objective.exact if exact_loss else options.objective
+    return replace(options, objective=objective, recent=recent)
 
 
 def adapted(module: nn.Module) -> list[nn.Parameter]:
